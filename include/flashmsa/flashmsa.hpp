@@ -1,0 +1,9 @@
+// FlashMSA: MiniMax-M3 sparse attention for inference engines. The one header to include.
+#pragma once
+
+#include "flashmsa/backend.hpp"
+#include "flashmsa/config.hpp"
+#include "flashmsa/dtype.hpp"
+#include "flashmsa/error.hpp"
+#include "flashmsa/formats.hpp"
+#include "flashmsa/version.hpp"

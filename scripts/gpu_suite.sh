@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Builds FlashMSA on a machine with an H100/H200 and runs the whole GPU suite: the GPU tests, the
+# CPU tests, and (with --sanitize) the GPU tests under compute-sanitizer memcheck, racecheck and
+# initcheck. Logs go to $OUT (the device tool's output folder) or build-gpu/logs.
+#
+# From the development machine (after scripts/setup.sh, which fills .deps/):
+#   device run, carry [".deps/cutlass", ".deps/googletest"], command "scripts/gpu_suite.sh --sanitize"
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+sanitize=0
+[ "${1:-}" = "--sanitize" ] && sanitize=1
+logs=${OUT:-$root/build-gpu/logs}
+mkdir -p "$logs"
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
+cmake -S . -B build-gpu -G Ninja >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+if ! cmake --build build-gpu -j"$(nproc)" >"$logs/build.log" 2>&1; then
+  tail -50 "$logs/build.log"
+  exit 1
+fi
+
+status=0
+summary=()
+run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
+  local name=$1
+  shift
+  local start=$SECONDS
+  if "$@" >"$logs/$name.log" 2>&1; then
+    summary+=("PASS  $name ($((SECONDS - start)) s)")
+  else
+    summary+=("FAIL  $name ($((SECONDS - start)) s): see $name.log")
+    tail -30 "$logs/$name.log"
+    status=1
+  fi
+}
+run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
+run cpu_tests build-gpu/tests/cpp/flashmsa_tests
+if [ $sanitize = 1 ]; then
+  for tool in memcheck racecheck initcheck; do
+    run "sanitizer_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      build-gpu/tests/cpp/flashmsa_gpu_tests
+  done
+fi
+grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log || true
+printf '%s\n' "${summary[@]}"
+exit $status

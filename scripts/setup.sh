@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Installs what FlashMSA's build and tests need, from Debian's packages and PyPI only.
+# Idempotent: a second run checks and returns in about a second.
+#   - Debian: compiler, CMake, Ninja, GoogleTest, ccache (only what is missing is installed)
+#   - PyPI, into the project-local virtual environment .venv: requirements-dev.txt
+#   - CUTLASS/CuTe C++ headers from PyPI nvidia-cutlass (no deps) into .deps/cutlass;
+#     CMake finds them there (FLASHMSA_CUTLASS_DIR overrides).
+#   - a copy of Debian's GoogleTest sources in .deps/googletest, for the GPU machine.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+cutlass_version=4.2.0.0
+apt_packages=(g++ cmake ninja-build libgtest-dev ccache)
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+# The stamp records what was installed; when it matches, the Python side is already done.
+stamp_want="$(sha256sum requirements-dev.txt | cut -d' ' -f1) cutlass=$cutlass_version"
+stamp=.venv/.flashmsa-setup
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$stamp_want" ] ||
+   [ ! -d .deps/cutlass/cutlass_library/source/include/cute ]; then
+  python3 -m venv .venv
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -r requirements-dev.txt
+  rm -rf .deps/cutlass
+  .venv/bin/python -m pip install -q --no-deps --no-compile --target .deps/cutlass \
+    "nvidia-cutlass==$cutlass_version"
+  echo "$stamp_want" >"$stamp"
+fi
+# GoogleTest sources travel with the tree to GPU machines that have no GoogleTest package.
+if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
+  mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
+fi
+echo "setup: ok (.venv, CUTLASS headers in .deps/cutlass/cutlass_library/source/include)"

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The README's test command: set-up, build (CUDA code too when nvcc is found) and every test.
+# GPU tests skip, with the reason, on machines without an sm_90 GPU.
+#   FLASHMSA_CMAKE_ARGS="-DFLASHMSA_ENABLE_CUDA=OFF" scripts/test.sh   # CPU-only build
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+scripts/setup.sh
+jobs=$(nproc)
+# shellcheck disable=SC2086  # FLASHMSA_CMAKE_ARGS is a list of words
+cmake -S . -B build -G Ninja ${FLASHMSA_CMAKE_ARGS:-} >build.configure.log 2>&1 ||
+  { cat build.configure.log; exit 1; }
+grep '^-- FlashMSA' build.configure.log || true
+cmake --build build -j"$jobs"
+ctest --test-dir build -j"$jobs" --output-on-failure

@@ -1,0 +1,39 @@
+#include <cuda_runtime.h>
+
+#include "flashmsa/error.hpp"
+#include "src/cuda/device_info.hpp"
+
+namespace flashmsa::cuda {
+
+bool compiled_with_cuda() noexcept { return true; }
+
+int visible_device_count() noexcept {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return count;
+}
+
+std::optional<std::string> sm90_device_unavailable_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    return detail::concat("no usable CUDA device (cudaGetDeviceCount: ", cudaGetErrorName(status),
+                          ")");
+  }
+  if (count == 0) return std::string("no CUDA device is visible");
+  int device = 0;
+  FLASHMSA_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  FLASHMSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  if (prop.major != 9 || prop.minor != 0) {
+    return detail::concat("the CUDA backend needs compute capability 9.0 (Hopper), device ",
+                          device, " (", prop.name, ") is ", prop.major, ".", prop.minor);
+  }
+  return std::nullopt;
+}
+
+}  // namespace flashmsa::cuda
