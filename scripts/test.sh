@@ -13,4 +13,9 @@ cmake -S . -B build -G Ninja ${FLASHMSA_CMAKE_ARGS:-} >build.configure.log 2>&1 
   { cat build.configure.log; exit 1; }
 grep '^-- FlashMSA' build.configure.log || true
 cmake --build build -j"$jobs"
+# Say why GPU tests will be skipped (CTest's summary does not show the reason).
+if [ -x build/tests/cpp/flashmsa_gpu_tests ]; then
+  build/tests/cpp/flashmsa_gpu_tests --gtest_filter='FormatsGpu.ApproximateReciprocalAsEmulated' 2>&1 |
+    grep -o "GPU test skipped: .*" | head -1 || true
+fi
 ctest --test-dir build -j"$jobs" --output-on-failure
