@@ -36,4 +36,16 @@ std::optional<std::string> sm90_device_unavailable_reason() {
   return std::nullopt;
 }
 
+void* device_malloc(std::size_t bytes) {
+  void* ptr = nullptr;
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&ptr, bytes));
+  return ptr;
+}
+
+void device_free(void* ptr) noexcept { cudaFree(ptr); }
+
+void device_memset(void* ptr, int value, std::size_t bytes) {
+  FLASHMSA_CHECK_CUDA(cudaMemset(ptr, value, bytes));
+}
+
 }  // namespace flashmsa::cuda

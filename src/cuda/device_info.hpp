@@ -2,6 +2,7 @@
 // (the CPU-only build links src/cuda/no_cuda.cpp instead of src/cuda/device_info.cu).
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -11,5 +12,10 @@ bool compiled_with_cuda() noexcept;
 int visible_device_count() noexcept;  // 0 when no driver or device
 // Why no sm_90 device can run the CUDA backend now; std::nullopt when device 0 can.
 std::optional<std::string> sm90_device_unavailable_reason();
+
+// Device memory for owners such as the cache manager (Error when CUDA is absent or fails).
+void* device_malloc(std::size_t bytes);
+void device_free(void* ptr) noexcept;
+void device_memset(void* ptr, int value, std::size_t bytes);
 
 }  // namespace flashmsa::cuda

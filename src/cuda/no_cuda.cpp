@@ -1,4 +1,5 @@
 // The CUDA entry points of a build without CUDA.
+#include "flashmsa/error.hpp"
 #include "src/cuda/device_info.hpp"
 
 namespace flashmsa::cuda {
@@ -7,6 +8,14 @@ bool compiled_with_cuda() noexcept { return false; }
 int visible_device_count() noexcept { return 0; }
 std::optional<std::string> sm90_device_unavailable_reason() {
   return "this FlashMSA build has no CUDA backend";
+}
+
+void* device_malloc(std::size_t) {
+  throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
+}
+void device_free(void*) noexcept {}
+void device_memset(void*, int, std::size_t) {
+  throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
 }
 
 }  // namespace flashmsa::cuda

@@ -1,0 +1,56 @@
+// A non-owning view of a dense tensor (activations, outputs, metadata arrays) and the checks that
+// every operation applies to its arguments. Framework-free: bindings map torch / numpy / DLPack
+// tensors onto it without copies.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+
+#include "flashmsa/dtype.hpp"
+
+namespace flashmsa {
+
+enum class Device { kCpu, kCuda };
+std::string_view to_string(Device device) noexcept;
+
+struct TensorView {
+  static constexpr int kMaxRank = 5;
+
+  void* data = nullptr;
+  DType dtype = DType::kBf16;
+  Device device = Device::kCpu;
+  int rank = 0;
+  std::array<std::int64_t, kMaxRank> shape{};
+  std::array<std::int64_t, kMaxRank> stride{};  // in elements
+
+  // A row-major contiguous view.
+  static TensorView contiguous(void* data, DType dtype, std::initializer_list<std::int64_t> shape,
+                               Device device = Device::kCpu);
+  static TensorView contiguous(const void* data, DType dtype,
+                               std::initializer_list<std::int64_t> shape,
+                               Device device = Device::kCpu) {
+    return contiguous(const_cast<void*>(data), dtype, shape, device);
+  }
+
+  std::int64_t numel() const noexcept;
+  bool empty() const noexcept { return numel() == 0; }
+  template <class T>
+  T* as() const noexcept {
+    return static_cast<T*>(data);
+  }
+};
+
+// Throws Error(kInvalidArgument) naming `name` unless `t` has this dtype, device and shape (-1 in
+// `shape` accepts any extent), non-negative strides, a contiguous last dimension and, when it has
+// elements, a non-null, element-aligned data pointer.
+void check_tensor(const TensorView& t, std::string_view name, DType dtype, Device device,
+                  std::initializer_list<std::int64_t> shape);
+
+// The same, accepting any of `dtypes`.
+void check_tensor(const TensorView& t, std::string_view name,
+                  std::initializer_list<DType> dtypes, Device device,
+                  std::initializer_list<std::int64_t> shape);
+
+}  // namespace flashmsa
