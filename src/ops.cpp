@@ -1,8 +1,14 @@
 // Host-side validation of every operation's arguments, then dispatch to the backend.
 #include "flashmsa/ops.hpp"
 
+#include <algorithm>
+#include <vector>
+
+#include "flashmsa/backend.hpp"
 #include "flashmsa/error.hpp"
+#include "flashmsa/formats.hpp"
 #include "src/cpu/cpu_ops.hpp"
+#include "src/cpu/sparse_ops.hpp"
 
 namespace flashmsa {
 namespace {
@@ -128,6 +134,250 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
   }
   if (device == Device::kCuda) cuda_not_available("produce_qkv_index");
   cpu::produce_qkv_index(config, in, kv_cache, index_cache, out);
+}
+
+}  // namespace flashmsa
+
+// ---- Indexer and attention ----------------------------------------------------------------
+
+namespace flashmsa {
+namespace {
+
+struct Shapes {
+  std::int64_t hq, hkv, hidx, d, di, block;
+};
+
+Shapes checked_config(const Config& config) {
+  config.check();
+  if (auto reason = unsupported_reason(config, Backend::kCpu)) {
+    throw Error(ErrorKind::kUnsupported, *reason);
+  }
+  const ResolvedHeads h = config.resolve_heads();
+  return {h.num_attention_heads, h.num_key_value_heads, config.sparse_num_index_heads,
+          config.head_dim, config.sparse_index_dim, config.sparse_block_size};
+}
+
+// Validates a batch's arrays; returns B.
+std::int64_t check_prefill_batch(const PrefillBatch& b, Device device) {
+  check_tensor(b.seq_lens, "batch.seq_lens", DType::kInt32, device, {-1});
+  const std::int64_t num_requests = b.seq_lens.shape[0];
+  check_tensor(b.cu_seqlens_q, "batch.cu_seqlens_q", DType::kInt32, device, {num_requests + 1});
+  check_tensor(b.block_table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
+  return num_requests;
+}
+
+std::int64_t check_decode_batch(const DecodeBatch& b, Device device, std::int64_t num_rows) {
+  FLASHMSA_CHECK_ARG(b.decode_query_len >= 1 && b.decode_query_len <= 16,
+                     "batch.decode_query_len must be in [1, 16], got ", b.decode_query_len);
+  check_tensor(b.seq_lens, "batch.seq_lens", DType::kInt32, device, {-1});
+  const std::int64_t num_requests = b.seq_lens.shape[0];
+  check_tensor(b.block_table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
+  FLASHMSA_CHECK_ARG(num_rows == num_requests * b.decode_query_len,
+                     "decode rows must number batch size x decode_query_len (", num_requests,
+                     " x ", b.decode_query_len, " = ", num_requests * b.decode_query_len,
+                     "), got ", num_rows);
+  return num_requests;
+}
+
+// The checked mode's view of a batch: every device value consistent, or the first bad entry.
+void check_plan_values(const cpu::RowPlan& plan, const TensorView* cu_seqlens,
+                       std::int64_t num_rows) {
+  if (cu_seqlens) {
+    const auto* cu = cu_seqlens->as<const std::int32_t>();
+    const std::int64_t n = cu_seqlens->shape[0];
+    FLASHMSA_CHECK_ARG(cu[0] == 0, "batch.cu_seqlens_q[0] must be 0, got ", cu[0]);
+    for (std::int64_t r = 1; r < n; ++r) {
+      FLASHMSA_CHECK_ARG(cu[r * cu_seqlens->stride[0]] >= cu[(r - 1) * cu_seqlens->stride[0]],
+                         "batch.cu_seqlens_q must be non-decreasing, entry ", r, " is ",
+                         cu[r * cu_seqlens->stride[0]]);
+    }
+    FLASHMSA_CHECK_ARG(cu[(n - 1) * cu_seqlens->stride[0]] == num_rows,
+                       "batch.cu_seqlens_q[B] must equal the number of rows ", num_rows, ", got ",
+                       cu[(n - 1) * cu_seqlens->stride[0]]);
+  }
+  for (std::int64_t r = 0; r < plan.num_requests(); ++r) {
+    std::int64_t p_max = -1;
+    for (std::int64_t t = plan.row_begin[r]; t < plan.row_end[r]; ++t) {
+      p_max = std::max(p_max, plan.position[t]);
+      FLASHMSA_CHECK_ARG(cu_seqlens == nullptr || plan.position[t] >= 0, "request ", r,
+                         ": seq_lens is smaller than its query rows");
+    }
+    for (std::int64_t b = 0; b < plan.visible_blocks(p_max); ++b) {
+      FLASHMSA_CHECK_ARG(plan.page(r, b) >= 0, "batch.block_table[", r, "][", b,
+                         "] must be a page in [0, ", plan.num_pages, ") for a visible block, got ",
+                         b < plan.max_blocks ? plan.block_table[r * plan.table_row_stride + b]
+                                             : -1);
+    }
+  }
+}
+
+void check_index_args(const Config& config, const Shapes& s, const TensorView& index_q,
+                      const IndexCacheView& cache, const IndexOutputs& out) {
+  cache.validate();
+  FLASHMSA_CHECK_ARG(cache.dtype == config.index_cache_dtype, "index_cache.dtype must be ",
+                     to_string(config.index_cache_dtype), " (config.index_cache_dtype), got ",
+                     to_string(cache.dtype));
+  FLASHMSA_CHECK_ARG(cache.index_dim == s.di && cache.page_size == s.block,
+                     "index_cache must have index_dim ", s.di, " and page_size ", s.block,
+                     ", got ", cache.index_dim, " and ", cache.page_size);
+  if (config.indexer_kv_dtype == "fp8") {
+    check_tensor(index_q, "index_q", DType::kFp8E4m3, cache.device, {-1, s.hidx, s.di});
+  } else {
+    check_tensor(index_q, "index_q", {DType::kBf16, DType::kFp16}, cache.device,
+                 {-1, s.hidx, s.di});
+  }
+  const std::int64_t rows = index_q.shape[0];
+  check_tensor(out.topk, "topk", DType::kInt32, cache.device,
+               {s.hkv, rows, config.sparse_topk_blocks});
+  if (out.block_scores.data) {
+    check_tensor(out.block_scores, "block_scores", DType::kFp32, cache.device, {s.hkv, rows, -1});
+  }
+}
+
+void check_attention_args(const Config& config, const Shapes& s, const TensorView& q,
+                          const KvCacheView& kv, const TensorView* topk,
+                          const AttentionOutputs& out, bool allow_mxfp8) {
+  kv.validate();
+  FLASHMSA_CHECK_ARG(kv.dtype == config.kv_cache_dtype, "kv_cache.dtype must be ",
+                     to_string(config.kv_cache_dtype), " (config.kv_cache_dtype), got ",
+                     to_string(kv.dtype));
+  FLASHMSA_CHECK_ARG(kv.shape.num_kv_heads == s.hkv && kv.shape.head_dim == s.d &&
+                         kv.shape.page_size == s.block,
+                     "kv_cache must have ", s.hkv, " kv heads, head_dim ", s.d, " and page_size ",
+                     s.block, ", got ", kv.shape.num_kv_heads, ", ", kv.shape.head_dim, " and ",
+                     kv.shape.page_size);
+  check_tensor(q, "q", {DType::kBf16, DType::kFp16}, kv.device, {-1, s.hq, s.d});
+  const std::int64_t rows = q.shape[0];
+  if (topk) check_tensor(*topk, "topk", DType::kInt32, kv.device, {s.hkv, rows, -1});
+  if (out.out.dtype == DType::kFp8E4m3) {
+    FLASHMSA_CHECK_ARG(allow_mxfp8, "out: MXFP8 output (fp8_e4m3) is for decode only");
+    const std::int64_t cols = s.hq * s.d;
+    FLASHMSA_CHECK_ARG(cols % fmt::kMxfp8GroupSize == 0, "MXFP8 output needs Hq * D (", cols,
+                       ") to be a multiple of 32");
+    check_tensor(out.out, "out", DType::kFp8E4m3, kv.device, {rows, cols});
+    const std::int64_t scale_cols = cols / fmt::kMxfp8GroupSize;
+    if (out.mxfp8_scale_layout == fmt::ScaleLayout::kRowMajor) {
+      check_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device, {rows, scale_cols});
+      FLASHMSA_CHECK_ARG(out.mxfp8_scales.stride[0] == scale_cols,
+                         "mxfp8_scales must be contiguous, got row stride ",
+                         out.mxfp8_scales.stride[0]);
+    } else {
+      check_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
+                   {fmt::mxfp8_scale_buffer_size(rows, scale_cols, out.mxfp8_scale_layout)});
+    }
+  } else {
+    check_tensor(out.out, "out", {DType::kBf16, DType::kFp16, DType::kFp32}, kv.device,
+                 {rows, s.hq, s.d});
+  }
+  if (out.lse.data) check_tensor(out.lse, "lse", DType::kFp32, kv.device, {rows, s.hq});
+}
+
+// Selection from a top-k tensor: valid ids only, each once.
+cpu::BlockSelection topk_selection(const TensorView& topk) {
+  return [&topk](std::int64_t h, std::int64_t t, std::int64_t nvb, std::vector<std::int32_t>& out) {
+    const auto* ids = topk.as<const std::int32_t>() + h * topk.stride[0] + t * topk.stride[1];
+    for (std::int64_t i = 0; i < topk.shape[2]; ++i) {
+      const std::int32_t b = ids[i * topk.stride[2]];
+      if (b >= 0 && b < nvb) out.push_back(b);
+    }
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+  };
+}
+
+void check_topk_values(const TensorView& topk, const cpu::RowPlan& plan) {
+  for (std::int64_t h = 0; h < topk.shape[0]; ++h) {
+    for (std::int64_t t = 0; t < topk.shape[1]; ++t) {
+      const std::int64_t nvb = plan.visible_blocks(plan.position[t]);
+      for (std::int64_t i = 0; i < topk.shape[2]; ++i) {
+        const std::int32_t b =
+            topk.as<const std::int32_t>()[h * topk.stride[0] + t * topk.stride[1] +
+                                          i * topk.stride[2]];
+        FLASHMSA_CHECK_ARG(b == -1 || (b >= 0 && b < nvb), "topk[", h, "][", t, "][", i,
+                           "] = ", b, " is neither -1 nor a visible block (< ", nvb, ")");
+      }
+    }
+  }
+}
+
+void require_cpu(Device device, const char* op) {
+  if (device == Device::kCuda) cuda_not_available(op);
+}
+
+}  // namespace
+
+void index_prefill(const Config& config, const TensorView& index_q,
+                   const IndexCacheView& index_cache, const PrefillBatch& batch,
+                   const IndexOutputs& outputs, const OpOptions& options) {
+  const Shapes s = checked_config(config);
+  check_index_args(config, s, index_q, index_cache, outputs);
+  check_prefill_batch(batch, index_cache.device);
+  require_cpu(index_cache.device, "index_prefill");
+  const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
+  if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, index_q.shape[0]);
+  cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);
+}
+
+void index_decode(const Config& config, const TensorView& index_q,
+                  const IndexCacheView& index_cache, const DecodeBatch& batch,
+                  const IndexOutputs& outputs, const OpOptions& options) {
+  const Shapes s = checked_config(config);
+  check_index_args(config, s, index_q, index_cache, outputs);
+  check_decode_batch(batch, index_cache.device, index_q.shape[0]);
+  require_cpu(index_cache.device, "index_decode");
+  const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
+  if (options.checked) check_plan_values(plan, nullptr, index_q.shape[0]);
+  cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);
+}
+
+void sparse_attention_prefill(const Config& config, const TensorView& q,
+                              const KvCacheView& kv_cache, const PrefillBatch& batch,
+                              const TensorView& topk, const AttentionOutputs& outputs,
+                              const OpOptions& options) {
+  const Shapes s = checked_config(config);
+  check_attention_args(config, s, q, kv_cache, &topk, outputs, false);
+  check_prefill_batch(batch, kv_cache.device);
+  require_cpu(kv_cache.device, "sparse_attention_prefill");
+  const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
+  if (options.checked) {
+    check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
+    check_topk_values(topk, plan);
+  }
+  cpu::attention_rows(config, q, kv_cache, plan, topk_selection(topk), outputs,
+                      options.num_threads);
+}
+
+void sparse_attention_decode(const Config& config, const TensorView& q,
+                             const KvCacheView& kv_cache, const DecodeBatch& batch,
+                             const TensorView& topk, const AttentionOutputs& outputs,
+                             const OpOptions& options) {
+  const Shapes s = checked_config(config);
+  check_attention_args(config, s, q, kv_cache, &topk, outputs, true);
+  check_decode_batch(batch, kv_cache.device, q.shape[0]);
+  require_cpu(kv_cache.device, "sparse_attention_decode");
+  const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
+  if (options.checked) {
+    check_plan_values(plan, nullptr, q.shape[0]);
+    check_topk_values(topk, plan);
+  }
+  cpu::attention_rows(config, q, kv_cache, plan, topk_selection(topk), outputs,
+                      options.num_threads);
+}
+
+void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
+                     const PrefillBatch& batch, const AttentionOutputs& outputs,
+                     const OpOptions& options) {
+  const Shapes s = checked_config(config);
+  check_attention_args(config, s, q, kv_cache, nullptr, outputs, false);
+  check_prefill_batch(batch, kv_cache.device);
+  require_cpu(kv_cache.device, "dense_attention");
+  const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
+  if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
+  const cpu::BlockSelection all = [](std::int64_t, std::int64_t, std::int64_t nvb,
+                                     std::vector<std::int32_t>& out) {
+    for (std::int64_t b = 0; b < nvb; ++b) out.push_back(static_cast<std::int32_t>(b));
+  };
+  cpu::attention_rows(config, q, kv_cache, plan, all, outputs, options.num_threads);
 }
 
 }  // namespace flashmsa

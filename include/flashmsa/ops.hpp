@@ -6,6 +6,7 @@
 
 #include "flashmsa/cache.hpp"
 #include "flashmsa/config.hpp"
+#include "flashmsa/formats/block_scaled.hpp"
 #include "flashmsa/tensor.hpp"
 
 namespace flashmsa {
@@ -15,6 +16,7 @@ struct OpOptions {
   // first offending entry instead of skipping it. Costs a host synchronisation on CUDA.
   bool checked = false;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors; ignored on the CPU
+  int num_threads = 0;     // CPU backend: worker threads (0: one per core)
 };
 
 // Writes K and V rows ([T, Hkv, D] each, bf16 / fp16 / fp32) into the main cache at
@@ -54,5 +56,74 @@ struct ProducerOutputs {
 void produce_qkv_index(const Config& config, const ProducerInputs& inputs,
                        const KvCacheView& kv_cache, const IndexCacheView& index_cache,
                        const ProducerOutputs& outputs, const OpOptions& options = {});
+
+// ---- Batches -------------------------------------------------------------------------------
+
+// Ragged query rows (prefill, chunked prefill): request r owns rows [cu_seqlens_q[r],
+// cu_seqlens_q[r+1]); its row i sits at position seq_lens[r] - Q_r + i (Q_r = its row count).
+struct PrefillBatch {
+  TensorView cu_seqlens_q;  // [B + 1] int32, starts at 0
+  TensorView seq_lens;      // [B] int32: L_r = prefix + new tokens
+  TensorView block_table;   // [B, max_blocks] int32: logical block -> physical page
+};
+
+// Uniform query rows (decode with 1 + speculative tokens): row r * decode_query_len + i sits at
+// position seq_lens[r] - decode_query_len + i. A padding row has seq_lens 0 and selects nothing.
+struct DecodeBatch {
+  TensorView seq_lens;     // [B] int32
+  TensorView block_table;  // [B, max_blocks] int32
+  int decode_query_len = 1;
+};
+
+// ---- Indexer (spec section 4) ---------------------------------------------------------------
+
+struct IndexOutputs {
+  // int32 [Hkv, T, topk] (token-major [T, Hkv, topk] through strides): logical block ids of the
+  // min(topk, nvb) selected blocks in the config's topk_order, then -1.
+  TensorView topk;
+  // Optional fp32 [Hkv, T, max_blocks]: each block's raw score (max over its visible keys of the
+  // index dot, max over a kv head's index heads), -inf for blocks not visible. No forcing.
+  TensorView block_scores;
+};
+
+// index_q: [T, Hidx, Di] bf16 / fp16, or fp8_e4m3 with the fp8 indexer. The batch's block table
+// addresses the index cache (the main table unless the index cache has its own).
+void index_prefill(const Config& config, const TensorView& index_q,
+                   const IndexCacheView& index_cache, const PrefillBatch& batch,
+                   const IndexOutputs& outputs, const OpOptions& options = {});
+void index_decode(const Config& config, const TensorView& index_q,
+                  const IndexCacheView& index_cache, const DecodeBatch& batch,
+                  const IndexOutputs& outputs, const OpOptions& options = {});
+
+// ---- Attention (spec sections 5 and 7) ------------------------------------------------------
+
+struct AttentionOutputs {
+  // [T, Hq, D] bf16 (default), fp16 or fp32. For MXFP8 (decode only): fp8_e4m3 [T, Hq * D]
+  // codes, with `mxfp8_scales` holding the E8M0 scales.
+  TensorView out;
+  TensorView lse;  // optional fp32 [T, Hq]: natural-log log-sum-exp, -inf for empty rows
+  // uint8: [T, Hq * D / 32] row-major, or [mxfp8_scale_buffer_size(...)] swizzled.
+  TensorView mxfp8_scales;
+  fmt::ScaleLayout mxfp8_scale_layout = fmt::ScaleLayout::kRowMajor;
+  fmt::Mxfp8ScaleRule mxfp8_scale_rule = fmt::Mxfp8ScaleRule::kRceil;
+};
+
+// Sparse GQA attention of q [T, Hq, D] (bf16 / fp16) over the blocks each (kv head, row) selected
+// in `topk` (int32 [Hkv, T, topk] as index_* writes it; ids that are -1, out of range, not
+// visible or repeated are ignored and never dereferenced).
+void sparse_attention_prefill(const Config& config, const TensorView& q,
+                              const KvCacheView& kv_cache, const PrefillBatch& batch,
+                              const TensorView& topk, const AttentionOutputs& outputs,
+                              const OpOptions& options = {});
+void sparse_attention_decode(const Config& config, const TensorView& q,
+                             const KvCacheView& kv_cache, const DecodeBatch& batch,
+                             const TensorView& topk, const AttentionOutputs& outputs,
+                             const OpOptions& options = {});
+
+// Causal GQA attention over every visible key of the same paged cache: the cross-check that
+// sparse attention with full coverage must equal, and the dense baseline.
+void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
+                     const PrefillBatch& batch, const AttentionOutputs& outputs,
+                     const OpOptions& options = {});
 
 }  // namespace flashmsa
