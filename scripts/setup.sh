@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what FlashMSA's build and tests need, from Debian's packages and PyPI only.
 # Idempotent: a second run checks and returns in about a second.
-#   - Debian: compiler, CMake, Ninja, GoogleTest, ccache, single-threaded OpenBLAS (the CPU
+#   - Debian: compiler, CMake, Ninja, GoogleTest, ccache, OpenBLAS (used single-threaded: the CPU
 #     backend parallelises itself); only what is missing is installed
 #   - PyPI, into the project-local virtual environment .venv: requirements-dev.txt
 #   - CUTLASS/CuTe C++ headers from PyPI nvidia-cutlass (no deps) into .deps/cutlass;
@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
 cutlass_version=4.2.0.0
-apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-serial-dev)
+apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-pthread-dev)
 
 missing=()
 for p in "${apt_packages[@]}"; do

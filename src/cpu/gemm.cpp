@@ -4,15 +4,28 @@
 
 #if FLASHMSA_WITH_CBLAS
 #include <cblas.h>
+
+#include <mutex>
 #endif
 
 namespace flashmsa::cpu {
 
 #if FLASHMSA_WITH_CBLAS
 
+namespace {
+// FlashMSA runs many products at once from its own workers; OpenBLAS's own threads would only
+// oversubscribe the cores. Set once, before the first product (process-wide: OpenBLAS has no
+// per-call setting).
+void use_single_threaded_blas() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+}  // namespace
+
 void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc) {
+  use_single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
               beta, c, static_cast<int>(ldc));
@@ -21,12 +34,13 @@ void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const 
 void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc) {
+  use_single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
               static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
-const char* gemm_library() noexcept { return "OpenBLAS (serial)"; }
+const char* gemm_library() noexcept { return "OpenBLAS (one thread per call)"; }
 
 #else
 

@@ -1,5 +1,5 @@
-// fp32 matrix products of the CPU backend, row-major: CBLAS (single-threaded OpenBLAS) when the
-// build found it, else a plain blocked loop.
+// fp32 matrix products of the CPU backend, row-major: OpenBLAS (one thread per call) when the
+// build found it, else plain loops.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,6 @@ void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const 
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc);
 
-const char* gemm_library() noexcept;  // "OpenBLAS (serial)" or "built-in loops"
+const char* gemm_library() noexcept;  // which implementation this build uses
 
 }  // namespace flashmsa::cpu

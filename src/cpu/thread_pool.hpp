@@ -1,6 +1,6 @@
 // The CPU backend's workers: one pool for the process, sized to the machine, running
 // parallel_for over independent tasks (requests, kv heads, query tiles). BLAS calls inside a task
-// are single-threaded (FlashMSA links the serial OpenBLAS), so the two never oversubscribe.
+// are single-threaded (src/cpu/gemm.cpp), so the two never oversubscribe.
 #pragma once
 
 #include <cstdint>
