@@ -16,15 +16,19 @@
 namespace flashmsa::cpu {
 namespace {
 
-constexpr std::int64_t kRowsPerTask = 32;
+constexpr std::int64_t kRowsPerTask = 128;
 constexpr float kLog2e = 1.4426950408889634f;
 
 // 2^x in fp32 to about 2 ulp, branch-free so loops vectorise: x = n + f with |f| <= 1/2, and
 // 2^f = e^(f ln 2) by its degree-7 Taylor polynomial (truncation error < 1e-8). NaN propagates;
 // x < -126 (and -inf) gives 0.
 inline float fast_exp2(float x) {
-  const float n = std::fmin(std::fmax(std::floor(x + 0.5f), -127.0f), 127.0f);
-  const float t = (x - n) * 0.6931471805599453f;
+  // Compare-and-select rather than fminf/fmaxf, which do not vectorise; NaN passes through the
+  // clamp and into t, and n is made 0 for it so the integer conversion stays defined.
+  const float clamped = x < -127.0f ? -127.0f : (x > 127.0f ? 127.0f : x);
+  float n = std::floor(clamped + 0.5f);
+  n = n == n ? n : 0.0f;
+  const float t = (clamped - n) * 0.6931471805599453f;
   float p = 1.0f / 5040.0f;
   p = p * t + 1.0f / 720.0f;
   p = p * t + 1.0f / 120.0f;
@@ -37,6 +41,59 @@ inline float fast_exp2(float x) {
   return x < -126.0f ? 0.0f : p * scale;
 }
 
+// The element loops below are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
+// run time (GCC/Clang function multiversioning), so one binary runs anywhere and fast.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define FLASHMSA_VECTOR_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define FLASHMSA_VECTOR_CLONES
+#endif
+
+// Online-softmax step for one (row, q head) over a block's scores s[0, n), of which the first
+// `limit` are causally visible: exponentiates in place (masked ones become 0) and updates the
+// running max and sum; returns the factor the accumulator must be rescaled by.
+// Reductions keep 16 independent lanes: without -ffast-math the compiler may not reorder a
+// single running max or sum, and would leave the loop scalar.
+constexpr int kLanes = 16;
+
+FLASHMSA_VECTOR_CLONES
+float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max, float& row_sum) {
+  float lanes[kLanes];
+  for (float& l : lanes) l = row_max;
+  std::int64_t c = 0;
+  for (; c + kLanes <= limit; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] = lanes[j] < s[c + j] ? s[c + j] : lanes[j];
+  }
+  float mx = row_max;
+  for (float l : lanes) mx = std::max(mx, l);
+  for (; c < limit; ++c) mx = std::max(mx, s[c]);
+  for (c = 0; c < limit; ++c) s[c] = fast_exp2(s[c] - mx);
+  for (c = limit; c < n; ++c) s[c] = 0.0f;  // causal mask inside the block
+  for (float& l : lanes) l = 0.0f;
+  for (c = 0; c + kLanes <= limit; c += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += s[c + j];
+  }
+  float sum = 0.0f;
+  for (float l : lanes) sum += l;
+  for (; c < limit; ++c) sum += s[c];
+  const float alpha = fast_exp2(row_max - mx);
+  row_sum = row_sum * alpha + sum;
+  row_max = mx;
+  return alpha;
+}
+
+FLASHMSA_VECTOR_CLONES
+void rescale_add(float* acc, const float* add, float alpha, std::int64_t n) {
+  for (std::int64_t e = 0; e < n; ++e) acc[e] = acc[e] * alpha + add[e];
+}
+
+FLASHMSA_VECTOR_CLONES
+void bf16_row_to_float(const std::byte* row, std::int64_t n, float* out) {
+  const auto* in = reinterpret_cast<const std::uint16_t*>(row);
+  for (std::int64_t i = 0; i < n; ++i) out[i] = fmt::bf16_to_float(in[i]);
+}
+
 struct Task {
   std::int64_t request, kv_head, row_begin, rows;
 };
@@ -44,6 +101,13 @@ struct Task {
 void load_kv_rows(const KvCacheView& kv, std::int64_t page, std::int64_t head, std::int64_t n,
                   float* k, float* v) {
   const std::int64_t d = kv.shape.head_dim;
+  if (kv.dtype == DType::kBf16) {  // the common case, vectorised
+    for (std::int64_t t = 0; t < n; ++t) {
+      bf16_row_to_float(kv.k.row(page, head, t), d, k + t * d);
+      bf16_row_to_float(kv.v.row(page, head, t), d, v + t * d);
+    }
+    return;
+  }
   for (std::int64_t t = 0; t < n; ++t) {
     decode_cache_row(kv.dtype, kv.k.row(page, head, t),
                      kv.k_block_scale.data ? kv.k_block_scale.row(page, head, t) : nullptr, d,
@@ -145,28 +209,16 @@ void run_task(const Config& config, const TensorView& q, const KvCacheView& kv,
       const std::int64_t i = who[u];
       const std::int64_t limit = std::min(n, plan.position[task.row_begin + i] - block_start + 1);
       for (std::int64_t g = 0; g < group; ++g) {
-        float* sr = s.data() + (u * group + g) * n;
         const std::int64_t state = i * group + g;
-        float mx = row_max[state];
-        for (std::int64_t c = 0; c < limit; ++c) mx = std::max(mx, sr[c]);
-        float sum = 0.0f;
-        for (std::int64_t c = 0; c < limit; ++c) {
-          sr[c] = fast_exp2(sr[c] - mx);
-          sum += sr[c];
-        }
-        std::fill(sr + limit, sr + n, 0.0f);  // causal mask inside the block
-        alpha[u * group + g] = fast_exp2(row_max[state] - mx);
-        row_sum[state] = row_sum[state] * alpha[u * group + g] + sum;
-        row_max[state] = mx;
+        alpha[u * group + g] = softmax_step(s.data() + (u * group + g) * n, limit, n,
+                                            row_max[state], row_sum[state]);
       }
     }
     gemm_nn(m * group, d, n, 1.0f, s.data(), n, vb.data(), d, 0.0f, pv.data(), d);
     for (std::int64_t u = 0; u < m; ++u) {
       for (std::int64_t g = 0; g < group; ++g) {
-        float* a = acc.data() + (who[u] * group + g) * d;
-        const float* add = pv.data() + (u * group + g) * d;
-        const float al = alpha[u * group + g];
-        for (std::int64_t e = 0; e < d; ++e) a[e] = a[e] * al + add[e];
+        rescale_add(acc.data() + (who[u] * group + g) * d, pv.data() + (u * group + g) * d,
+                    alpha[u * group + g], d);
       }
     }
   }
