@@ -16,11 +16,6 @@ namespace {
 constexpr std::initializer_list<DType> kActivationDtypes{DType::kBf16, DType::kFp16,
                                                          DType::kFp32};
 
-void require_same_device(Device expected, const TensorView& t, const char* name) {
-  FLASHMSA_CHECK_ARG(t.device == expected, name, " must be on ", to_string(expected),
-                     " like the cache, got ", to_string(t.device));
-}
-
 // Host-readable int32/int64 entry i of a 1-d tensor.
 std::int64_t host_index(const TensorView& t, std::int64_t i) {
   return t.dtype == DType::kInt32 ? t.as<const std::int32_t>()[i * t.stride[0]]
@@ -125,7 +120,6 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
     check_tensor(out.index_q, "index_q", {DType::kBf16, DType::kFp16}, device,
                  {num_tokens, hidx, di});
   }
-  require_same_device(device, out.q, "q");
   if (options.checked) {
     check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping");
     check_slot_values(own_index_slots ? in.index_slot_mapping : in.slot_mapping,

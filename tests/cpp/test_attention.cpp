@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
+#include "tests/cpp/error_message.hpp"
 #include "flashmsa/formats.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/scenario.hpp"
@@ -282,27 +283,19 @@ TEST(Attention, ArgumentErrors) {
   std::vector<std::int32_t> topk(4 * 3 * 16, -1);
   std::vector<std::uint8_t> out(3 * 64 * 128 * 2);
   AttentionOutputs o{TensorView::contiguous(out.data(), DType::kBf16, {3, 64, 64})};
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.message();
-    }
-    return std::string("no error");
-  };
   const auto tk = TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 16});
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               sparse_attention_prefill(c, s.q_view(), s.cm->kv_cache(), s.prefill_batch(), tk, o);
             }),
             "out must have shape [3, 64, 128], got [3, 64, 64]");
   o.out = TensorView::contiguous(out.data(), DType::kFp8E4m3, {3, 64 * 128});
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               sparse_attention_prefill(c, s.q_view(), s.cm->kv_cache(), s.prefill_batch(), tk, o);
             }),
             "out: MXFP8 output (fp8_e4m3) is for decode only");
   topk[5] = 1;  // row 0 sees only block 0
   o.out = TensorView::contiguous(out.data(), DType::kBf16, {3, 64, 128});
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               sparse_attention_prefill(c, s.q_view(), s.cm->kv_cache(), s.prefill_batch(), tk, o,
                                        {.checked = true});
             }),

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
+#include "tests/cpp/error_message.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/cache_test_util.hpp"
 
@@ -227,37 +228,29 @@ TEST(InsertKv, ArgumentErrorsNameTheArgument) {
   std::vector<std::uint16_t> k(3 * 4 * 128);
   std::vector<std::int64_t> slots(3);
   std::vector<std::int32_t> slots32(3);
-  auto message = [&](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.message();
-    }
-    return std::string("no error");
-  };
   const auto good_k = TensorView::contiguous(k.data(), DType::kBf16, {3, 4, 128});
   const auto good_slots = TensorView::contiguous(slots.data(), DType::kInt64, {3});
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               insert_kv(caches.kv, TensorView::contiguous(k.data(), DType::kBf16, {3, 2, 256}),
                         good_k, good_slots);
             }),
             "k must have shape [*, 4, 128], got [3, 2, 256]");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               insert_kv(caches.kv, good_k, good_k,
                         TensorView::contiguous(slots32.data(), DType::kInt32, {3}));
             }),
             "slot_mapping must have dtype int64, got int32");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               insert_kv(caches.kv, good_k,
                         TensorView::contiguous(k.data(), DType::kInt32, {3, 4, 128}), good_slots);
             }),
             "v must have dtype bf16 or fp16 or fp32, got int32");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               insert_kv(caches.kv, good_k,
                         TensorView::contiguous(k.data(), DType::kBf16, {2, 4, 128}), good_slots);
             }),
             "v must have shape [3, 4, 128], got [2, 4, 128]");
-  EXPECT_EQ(message([&] {
+  EXPECT_EQ(test::error_message([&] {
               insert_kv(caches.kv, TensorView::contiguous(k.data(), DType::kBf16, {3, 4, 128},
                                                           Device::kCuda),
                         good_k, good_slots);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
+#include "tests/cpp/error_message.hpp"
 #include "flashmsa/metadata.hpp"
 
 namespace flashmsa {
@@ -41,31 +42,23 @@ TEST(Metadata, PrefillOnlyAndEmpty) {
 }
 
 TEST(Metadata, RejectsInconsistentInput) {
-  auto message = [](auto&& f) {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.message();
-    }
-    return std::string("no error");
-  };
   const std::vector<RequestShape> d{{10, 1}, {10, 2}};
-  EXPECT_EQ(message([&] { build_batch_metadata(d, 1, {}); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata(d, 1, {}); }),
             "decode request 1: query_len must equal decode_query_len (1), got 2");
-  EXPECT_EQ(message([&] { build_batch_metadata(d, 17, {}); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata(d, 17, {}); }),
             "decode_query_len must be in [1, 16], got 17");
-  EXPECT_EQ(message([&] { build_batch_metadata(std::vector<RequestShape>{{1, 1}}, 1, {}, 0); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata(std::vector<RequestShape>{{1, 1}}, 1, {}, 0); }),
             "no error");
-  EXPECT_EQ(message([&] { build_batch_metadata(d, 2, {}, 1); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata(d, 2, {}, 1); }),
             "decode_capacity must be 0 or >= the 2 decode requests, got 1");
   const std::vector<RequestShape> p{{-1, 4}};
-  EXPECT_EQ(message([&] { build_batch_metadata({}, 0, p); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata({}, 0, p); }),
             "prefill request 0: prefix_len must be >= 0, got -1");
   const std::vector<RequestShape> z{{3, 0}};
-  EXPECT_EQ(message([&] { build_batch_metadata({}, 0, z); }),
+  EXPECT_EQ(test::error_message([&] { build_batch_metadata({}, 0, z); }),
             "prefill request 0: query_len must be >= 1, got 0");
   const std::vector<RequestShape> big{{2147483647, 1}};
-  EXPECT_NE(message([&] { build_batch_metadata({}, 0, big); }).find("must fit int32"),
+  EXPECT_NE(test::error_message([&] { build_batch_metadata({}, 0, big); }).find("must fit int32"),
             std::string::npos);
 }
 
