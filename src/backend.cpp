@@ -4,6 +4,8 @@
 #include <sstream>
 
 #include "flashmsa/error.hpp"
+#include "src/cpu/gemm.hpp"
+#include "src/cpu/thread_pool.hpp"
 #include "src/cuda/device_info.hpp"
 
 namespace flashmsa {
@@ -43,6 +45,13 @@ const BackendCapabilities& capabilities(Backend backend) noexcept {
   }();
   return backend == Backend::kCudaSm90 ? kCudaSm90 : kCpu;
 }
+
+int cpu_worker_threads(int requested) noexcept {
+  const int all = cpu::hardware_threads();
+  return requested > 0 ? std::min(requested, all) : all;
+}
+
+const char* cpu_matrix_library() noexcept { return cpu::gemm_library(); }
 
 bool backend_compiled(Backend backend) noexcept {
   return backend == Backend::kCpu || cuda::compiled_with_cuda();

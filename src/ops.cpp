@@ -127,7 +127,7 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
                       own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)");
   }
   if (device == Device::kCuda) cuda_not_available("produce_qkv_index");
-  cpu::produce_qkv_index(config, in, kv_cache, index_cache, out);
+  cpu::produce_qkv_index(config, in, kv_cache, index_cache, out, options.num_threads);
 }
 
 }  // namespace flashmsa

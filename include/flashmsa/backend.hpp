@@ -37,6 +37,11 @@ const BackendCapabilities& capabilities(Backend backend) noexcept;
 bool backend_compiled(Backend backend) noexcept;
 std::optional<std::string> backend_unavailable_reason(Backend backend);
 
+// The CPU backend's worker threads for a request of `requested` (0: one per core), and which
+// library does its matrix products.
+int cpu_worker_threads(int requested = 0) noexcept;
+const char* cpu_matrix_library() noexcept;
+
 // Why `backend` cannot serve `config` (invalid config, capability not declared, backend not built
 // or no device); std::nullopt when it can.
 std::optional<std::string> unsupported_reason(const Config& config, Backend backend,

@@ -11,6 +11,6 @@ void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
                     const TensorView& slot_mapping);
 void produce_qkv_index(const Config& config, const ProducerInputs& inputs,
                        const KvCacheView& kv_cache, const IndexCacheView& index_cache,
-                       const ProducerOutputs& outputs);
+                       const ProducerOutputs& outputs, int threads);
 
 }  // namespace flashmsa::cpu

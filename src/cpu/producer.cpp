@@ -3,6 +3,7 @@
 
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/row_codec.hpp"
+#include "src/cpu/thread_pool.hpp"
 
 namespace flashmsa::cpu {
 namespace {
@@ -42,9 +43,8 @@ std::int64_t load_index(const TensorView& t, std::int64_t i) {
 
 }  // namespace
 
-void produce_qkv_index(const Config& config, const ProducerInputs& in,
-                       const KvCacheView& kv_cache, const IndexCacheView& index_cache,
-                       const ProducerOutputs& out) {
+void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvCacheView& kv_cache,
+                       const IndexCacheView& index_cache, const ProducerOutputs& out, int threads) {
   const ResolvedHeads heads = config.resolve_heads();
   const std::int64_t hq = heads.num_attention_heads, hkv = heads.num_key_value_heads;
   const std::int64_t hidx = config.sparse_num_index_heads;
@@ -70,67 +70,78 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
   const TensorView& index_slots =
       in.index_slot_mapping.data ? in.index_slot_mapping : in.slot_mapping;
 
-  std::vector<float> cos_a(static_cast<std::size_t>(half)), sin_a(cos_a.size());
-  std::vector<float> x(static_cast<std::size_t>(std::max(d, di)));
   const std::int64_t num_tokens = in.qkv_index.shape[0];
-  for (std::int64_t t = 0; t < num_tokens; ++t) {
-    // The engines' fp32 angle: float(position) * inv_freq in fp32.
-    const auto p = static_cast<float>(load_index(in.positions, t));
-    for (std::int64_t i = 0; i < half; ++i) {
-      const float angle = p * inv_freq[i];
-      cos_a[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
-      sin_a[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
-    }
-    const std::int64_t row = t * in.qkv_index.stride[0];
-    auto load = [&](std::int64_t offset, std::int64_t dim) {
-      for (std::int64_t e = 0; e < dim; ++e) {
-        x[e] = load_activation(in.qkv_index.dtype, in.qkv_index.data, row + offset + e);
-      }
-    };
-    auto store = [&](const TensorView& o, std::int64_t h, std::int64_t dim) {
-      const std::int64_t base = t * o.stride[0] + h * o.stride[1];
-      for (std::int64_t e = 0; e < dim; ++e) store_activation(o.dtype, o.data, base + e, x[e]);
-    };
-    for (std::int64_t h = 0; h < hq; ++h) {
-      load(h * d, d);
-      q_tr.apply(x.data(), d, cos_a, sin_a);
-      store(out.q, h, d);
-    }
-    for (std::int64_t h = 0; h < hidx; ++h) {
-      load(iq_off + h * di, di);
-      iq_tr.apply(x.data(), di, cos_a, sin_a);
-      store(out.index_q, h, di);
-    }
-    const std::int64_t slot = load_index(in.slot_mapping, t);
-    if (slot >= 0 && slot < kv_cache.capacity_tokens()) {
-      const std::int64_t page = slot / kv_cache.shape.page_size;
-      const std::int64_t offset = slot % kv_cache.shape.page_size;
-      for (std::int64_t h = 0; h < hkv; ++h) {
-        load(k_off + h * d, d);
-        k_tr.apply(x.data(), d, cos_a, sin_a);
-        encode_cache_row(kv_cache.dtype, x.data(), d, kv_cache.k.row(page, h, offset),
-                         kv_cache.k_block_scale.data
-                             ? kv_cache.k_block_scale.row(page, h, offset) : nullptr,
-                         kv_cache.k_scale);
-        load(v_off + h * d, d);  // V is neither normalised nor rotated
-        encode_cache_row(kv_cache.dtype, x.data(), d, kv_cache.v.row(page, h, offset),
-                         kv_cache.v_block_scale.data
-                             ? kv_cache.v_block_scale.row(page, h, offset) : nullptr,
-                         kv_cache.v_scale);
-      }
-    }
-    const std::int64_t index_slot = load_index(index_slots, t);
-    if (index_slot >= 0 && index_slot < index_cache.capacity_tokens()) {
-      const std::int64_t page = index_slot / index_cache.page_size;
-      const std::int64_t offset = index_slot % index_cache.page_size;
-      load(ik_off, di);
-      ik_tr.apply(x.data(), di, cos_a, sin_a);
-      encode_cache_row(index_cache.dtype, x.data(), di, index_cache.k.row(page, 0, offset),
-                       index_cache.block_scale.data ? index_cache.block_scale.row(page, 0, offset)
-                                                    : nullptr,
-                       1.0f);
-    }
-  }
+  constexpr std::int64_t kTokensPerTask = 64;
+  parallel_for(
+      (num_tokens + kTokensPerTask - 1) / kTokensPerTask,
+      [&](std::int64_t task) {
+        std::vector<float> cos_a(static_cast<std::size_t>(half)), sin_a(cos_a.size());
+        std::vector<float> x(static_cast<std::size_t>(std::max(d, di)));
+        for (std::int64_t t = task * kTokensPerTask;
+             t < std::min(num_tokens, (task + 1) * kTokensPerTask); ++t) {
+          // The engines' fp32 angle: float(position) * inv_freq in fp32.
+          const auto p = static_cast<float>(load_index(in.positions, t));
+          for (std::int64_t i = 0; i < half; ++i) {
+            const float angle = p * inv_freq[i];
+            cos_a[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+            sin_a[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+          }
+          const std::int64_t row = t * in.qkv_index.stride[0];
+          auto load = [&](std::int64_t offset, std::int64_t dim) {
+            for (std::int64_t e = 0; e < dim; ++e) {
+              x[e] = load_activation(in.qkv_index.dtype, in.qkv_index.data, row + offset + e);
+            }
+          };
+          auto store = [&](const TensorView& o, std::int64_t h, std::int64_t dim) {
+            const std::int64_t base = t * o.stride[0] + h * o.stride[1];
+            for (std::int64_t e = 0; e < dim; ++e)
+              store_activation(o.dtype, o.data, base + e, x[e]);
+          };
+          for (std::int64_t h = 0; h < hq; ++h) {
+            load(h * d, d);
+            q_tr.apply(x.data(), d, cos_a, sin_a);
+            store(out.q, h, d);
+          }
+          for (std::int64_t h = 0; h < hidx; ++h) {
+            load(iq_off + h * di, di);
+            iq_tr.apply(x.data(), di, cos_a, sin_a);
+            store(out.index_q, h, di);
+          }
+          const std::int64_t slot = load_index(in.slot_mapping, t);
+          if (slot >= 0 && slot < kv_cache.capacity_tokens()) {
+            const std::int64_t page = slot / kv_cache.shape.page_size;
+            const std::int64_t offset = slot % kv_cache.shape.page_size;
+            for (std::int64_t h = 0; h < hkv; ++h) {
+              load(k_off + h * d, d);
+              k_tr.apply(x.data(), d, cos_a, sin_a);
+              encode_cache_row(kv_cache.dtype, x.data(), d, kv_cache.k.row(page, h, offset),
+                               kv_cache.k_block_scale.data
+                                   ? kv_cache.k_block_scale.row(page, h, offset)
+                                   : nullptr,
+                               kv_cache.k_scale);
+              load(v_off + h * d, d);  // V is neither normalised nor rotated
+              encode_cache_row(kv_cache.dtype, x.data(), d, kv_cache.v.row(page, h, offset),
+                               kv_cache.v_block_scale.data
+                                   ? kv_cache.v_block_scale.row(page, h, offset)
+                                   : nullptr,
+                               kv_cache.v_scale);
+            }
+          }
+          const std::int64_t index_slot = load_index(index_slots, t);
+          if (index_slot >= 0 && index_slot < index_cache.capacity_tokens()) {
+            const std::int64_t page = index_slot / index_cache.page_size;
+            const std::int64_t offset = index_slot % index_cache.page_size;
+            load(ik_off, di);
+            ik_tr.apply(x.data(), di, cos_a, sin_a);
+            encode_cache_row(index_cache.dtype, x.data(), di, index_cache.k.row(page, 0, offset),
+                             index_cache.block_scale.data
+                                 ? index_cache.block_scale.row(page, 0, offset)
+                                 : nullptr,
+                             1.0f);
+          }
+        }
+      },
+      threads);
 }
 
 }  // namespace flashmsa::cpu

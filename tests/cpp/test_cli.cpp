@@ -1,0 +1,145 @@
+// The `flashmsa run` main job: small runs of each workload through the simulation, checked on the
+// report and its JSON, and the command line's argument errors and exit codes.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+#include <sys/wait.h>
+
+#include "tools/serve_sim.hpp"
+
+namespace flashmsa {
+namespace {
+
+using tools::RunOptions;
+using tools::Workload;
+
+RunOptions small(Workload w) {
+  RunOptions o;
+  o.workload = w;
+  o.requests = 2;
+  o.context = 1536;
+  o.chunk = 512;
+  o.decode_steps = 3;
+  o.spec_tokens = 1;
+  o.quiet = true;
+  return o;
+}
+
+void expect_sane_timings(const tools::Report& r) {
+  for (const auto* t : {&r.prefill, &r.decode}) {
+    EXPECT_GT(t->producer, 0);
+    EXPECT_GT(t->indexer, 0);
+    EXPECT_GT(t->attention, 0);
+    EXPECT_LT(t->total(), 60);
+  }
+  EXPECT_EQ(r.prefill_tokens, 2 * 1536);
+  EXPECT_EQ(r.decode_tokens, 2 * 3 * 2);
+  EXPECT_GT(r.prefill_flops, 0);
+  EXPECT_GT(r.decode_bytes, 0);
+}
+
+TEST(Cli, EasyNeedleIsAlwaysFound) {
+  const RunOptions o = small(Workload::kNeedle);
+  const tools::Report r = tools::run_simulation(o);
+  expect_sane_timings(r);
+  EXPECT_GT(r.needle_queries, 0);
+  EXPECT_EQ(r.needle_hit_rate, 1.0);
+  EXPECT_GT(r.recall_mean, 0.5);
+  const std::string json = tools::report_json(r, o);
+  for (const char* field : {"\"needle_hit_rate\": 1", "\"workload\": \"needle\"",
+                            "\"prefill\": {\"tokens\": 3072", "\"decode_query_len\": 2",
+                            "\"recall_p5\"", "\"producer_s\"", "\"bytes_per_s\""}) {
+    EXPECT_NE(json.find(field), std::string::npos) << field << "\n" << json;
+  }
+}
+
+TEST(Cli, FullCoverageRecallsAllMass) {
+  for (Workload w : {Workload::kRandom, Workload::kClustered}) {
+    RunOptions o = small(w);
+    o.topk = 64;  // more than the 13 blocks any row sees: sparse = dense
+    const tools::Report r = tools::run_simulation(o);
+    expect_sane_timings(r);
+    EXPECT_NEAR(r.recall_mean, 1.0, 1e-5);
+    EXPECT_NEAR(r.recall_p5, 1.0, 1e-5);
+    EXPECT_EQ(r.relative_error_mean, 0.0);
+    EXPECT_EQ(r.needle_hit_rate, -1);
+    EXPECT_NE(tools::report_json(r, o).find("\"needle_hit_rate\": null"), std::string::npos);
+  }
+}
+
+TEST(Cli, SparseRandomKeepsLessMassThanClustered) {
+  RunOptions random = small(Workload::kRandom), clustered = small(Workload::kClustered);
+  random.topk = clustered.topk = 4;
+  const double r = tools::run_simulation(random).recall_mean;
+  const double c = tools::run_simulation(clustered).recall_mean;
+  EXPECT_LT(r, c);
+  EXPECT_GT(r, 0.0);
+}
+
+struct Result {
+  int code;
+  std::string output;
+};
+
+Result run_cli(const std::string& args) {
+  const std::string cmd = std::string(FLASHMSA_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 512> buf{};
+  while (p && fgets(buf.data(), buf.size(), p)) out += buf.data();
+  const int status = p ? pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Cli, ArgumentErrorsNameTheOptionAndExitTwo) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"run --workload haystack",
+       "flashmsa: --workload must be one of needle, random, clustered, got 'haystack'\n"},
+      {"run --kv-dtype fp4",
+       "flashmsa: --kv-dtype must be one of bf16, fp16, fp8_e4m3, fp8_e5m2, nvfp4, got 'fp4'\n"},
+      {"run --requests 0", "flashmsa: --requests must be an integer in [1, 4096], got '0'\n"},
+      {"run --spec-tokens 16", "flashmsa: --spec-tokens must be an integer in [0, 15], got '16'\n"},
+      {"run --context", "flashmsa: --context needs a value (see flashmsa run --help)\n"},
+      {"run --bogus 1", "flashmsa: unknown option '--bogus' (see flashmsa run --help)\n"},
+      {"serve", "flashmsa: unknown command 'serve': expected one of run, info, help\n"},
+  };
+  for (const auto& [args, message] : cases) {
+    const Result r = run_cli(args);
+    EXPECT_EQ(r.code, 2) << args;
+    EXPECT_EQ(r.output, message) << args;
+  }
+}
+
+TEST(Cli, HelpAndInfo) {
+  Result r = run_cli("run --help");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("usage: flashmsa run"), std::string::npos);
+  EXPECT_NE(r.output.find("--spec-tokens"), std::string::npos);
+  r = run_cli("");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("commands:"), std::string::npos);
+  r = run_cli("info");
+  EXPECT_EQ(r.code, 0);
+  EXPECT_NE(r.output.find("backend cpu        available"), std::string::npos) << r.output;
+}
+
+TEST(Cli, CudaBackendFailsClearlyWithoutAGpu) {
+  const Result r = run_cli("run --backend cuda --context 512 --decode-steps 0");
+  EXPECT_EQ(r.code, 1);
+  EXPECT_EQ(r.output.rfind("flashmsa: --backend cuda", 0), 0u) << r.output;
+}
+
+TEST(Cli, SmallRunPrintsTheReportAndWritesJson) {
+  const std::string json = ::testing::TempDir() + "flashmsa_cli.json";
+  const Result r = run_cli("run --context 512 --chunk 256 --decode-steps 2 --json " + json);
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("needle hit rate"), std::string::npos) << r.output;
+  FILE* f = std::fopen(json.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::fclose(f);
+}
+
+}  // namespace
+}  // namespace flashmsa

@@ -1,0 +1,445 @@
+#include "tools/serve_sim.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <sstream>
+#include <vector>
+
+namespace flashmsa::tools {
+
+const char* to_string(Workload w) {
+  switch (w) {
+    case Workload::kNeedle: return "needle";
+    case Workload::kRandom: return "random";
+    case Workload::kClustered: return "clustered";
+  }
+  return "?";
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+constexpr std::int64_t kHq = 64, kHkv = 4, kD = 128, kHidx = 4, kDi = 128, kBlock = 128;
+constexpr std::int64_t kWidth = kHq * kD + 2 * kHkv * kD + kHidx * kDi + kDi;
+constexpr std::int64_t kKOff = kHq * kD, kVOff = kKOff + kHkv * kD, kIqOff = kVOff + kHkv * kD;
+constexpr std::int64_t kIkOff = kIqOff + kHidx * kDi;
+constexpr int kNeedles = 4;
+constexpr int kTopics = 8;
+// Needle strength on the 64 dims RoPE leaves alone: large enough that a planted block's index
+// score stands far above the best of thousands of random blocks after RMSNorm.
+constexpr float kNeedleGain = 12.0f;
+constexpr float kTopicGain = 3.0f;
+
+// Generates the raw projection rows [q | k | v | iq | ik] of each token, with the workload's
+// structure planted in dims 64..127 of the heads (RoPE rotates only dims 0..63).
+class Generator {
+ public:
+  Generator(const RunOptions& o) : options_(o), rng_(o.seed) {
+    auto unit = [&] {
+      std::vector<float> v(64);
+      float n = 0;
+      for (float& x : v) {
+        x = normal_(rng_);
+        n += x * x;
+      }
+      for (float& x : v) x /= std::sqrt(n);
+      return v;
+    };
+    for (int r = 0; r < o.requests; ++r) {
+      std::vector<std::int64_t> blocks;
+      const std::int64_t nb = o.context / kBlock;
+      for (int i = 0; i < kNeedles; ++i) blocks.push_back(1 + (nb - 3) * (i + 1) / (kNeedles + 1));
+      needle_blocks_.push_back(blocks);
+    }
+    for (int i = 0; i < std::max(kNeedles, kTopics); ++i) {
+      index_dir_.push_back(unit());
+      for (int h = 0; h < kHkv; ++h) key_dir_.push_back(unit());
+    }
+    topic_of_block_.resize(static_cast<std::size_t>(o.context / kBlock + 64));
+    for (auto& t : topic_of_block_) t = static_cast<int>(rng_() % kTopics);
+  }
+
+  const std::vector<std::int64_t>& needle_blocks(int r) const { return needle_blocks_[r]; }
+
+  // Which planted direction row (request, position) asks for: a needle index or a topic, -1 none.
+  int asks(int request, std::int64_t position, bool sampled) const {
+    if (options_.workload == Workload::kNeedle) return sampled ? static_cast<int>(position % kNeedles) : -1;
+    if (options_.workload == Workload::kClustered) return (request + static_cast<int>(position / 512)) % kTopics;
+    return -1;
+  }
+  // The direction a key at (request, position) carries, -1 none.
+  int carries(int request, std::int64_t position) const {
+    const std::int64_t block = position / kBlock;
+    if (options_.workload == Workload::kNeedle) {
+      for (int i = 0; i < kNeedles; ++i) {
+        if (needle_blocks_[request][i] == block) return i;
+      }
+      return -1;
+    }
+    if (options_.workload == Workload::kClustered) return topic_of_block_[block];
+    return -1;
+  }
+
+  void row(int request, std::int64_t position, bool sampled, std::uint16_t* out) {
+    float x[kWidth];
+    for (float& v : x) v = normal_(rng_);
+    const float gain = options_.workload == Workload::kNeedle ? kNeedleGain : kTopicGain;
+    if (const int q = asks(request, position, sampled); q >= 0) {
+      for (std::int64_t h = 0; h < kHidx; ++h) add(x + kIqOff + h * kDi, index_dir_[q], gain);
+      for (std::int64_t h = 0; h < kHq; ++h) add(x + h * kD, key_dir_[q * kHkv + h / 16], gain);
+    }
+    if (const int k = carries(request, position); k >= 0) {
+      add(x + kIkOff, index_dir_[k], gain);
+      for (std::int64_t h = 0; h < kHkv; ++h) add(x + kKOff + h * kD, key_dir_[k * kHkv + h], gain);
+    }
+    for (std::int64_t i = 0; i < kWidth; ++i) out[i] = fmt::float_to_bf16(x[i]);
+  }
+
+ private:
+  static void add(float* head, const std::vector<float>& dir, float gain) {
+    for (int i = 0; i < 64; ++i) head[64 + i] += gain * dir[i];
+  }
+  const RunOptions& options_;
+  std::mt19937_64 rng_;
+  std::normal_distribution<float> normal_;
+  std::vector<std::vector<std::int64_t>> needle_blocks_;
+  std::vector<std::vector<float>> index_dir_, key_dir_;
+  std::vector<int> topic_of_block_;
+};
+
+// Everything one engine step hands to the library.
+struct Step {
+  std::vector<std::int32_t> cu, lens, table;
+  std::vector<std::int64_t> slots, positions;
+  std::vector<int> request_of_row;
+  std::vector<bool> sampled;
+  std::int64_t rows = 0, max_blocks = 0;
+};
+
+std::int64_t elem_bytes(DType d) { return d == DType::kNvfp4 ? 0 : dtype_bits(d) / 8; }
+double row_bytes(DType d, std::int64_t dim) {
+  return d == DType::kNvfp4 ? dim / 2.0 + dim / 16.0 : static_cast<double>(dim * elem_bytes(d));
+}
+
+struct Fidelity {
+  std::vector<double> recall, rel_error;
+  std::int64_t needle_queries = 0, needle_hits = 0, rows = 0;
+};
+
+}  // namespace
+
+Report run_simulation(const RunOptions& o, const std::function<void(double, const char*)>& progress) {
+  Config config;
+  config.kv_cache_dtype = o.kv_dtype;
+  config.index_cache_dtype = o.index_dtype;
+  if (o.index_dtype == DType::kFp8E4m3) {
+    config.indexer_kv_dtype = "fp8";
+    config.implementation = "msa";
+  }
+  config.topk_order = o.topk_order;
+  config.sparse_topk_blocks = o.topk;
+  config.check();
+  Report rep;
+  rep.config = config;
+  rep.backend = "cpu";
+  rep.device = detail::concat("CPU, ", cpu_worker_threads(o.threads), " threads");
+  rep.gemm = cpu_matrix_library();
+  const int dql = 1 + o.spec_tokens;
+  const std::int64_t total_len = o.context + static_cast<std::int64_t>(o.decode_steps) * dql;
+  const std::int64_t pages_per_request = (total_len + kBlock - 1) / kBlock;
+  CacheManager cm(config, {.num_pages = o.requests * pages_per_request + 1,
+                           .shuffle_seed = o.seed});
+  std::vector<CacheManager::RequestId> ids;
+  for (int r = 0; r < o.requests; ++r) ids.push_back(cm.add_request());
+  Generator gen(o);
+  const OpOptions op{.num_threads = o.threads};
+  std::vector<std::uint16_t> zeros_w(kD, fmt::float_to_bf16(0.0f));
+
+  const std::int64_t chunks = (o.context + o.chunk - 1) / o.chunk;
+  const double total_work = static_cast<double>(chunks + o.decode_steps);
+  double done = 0;
+  Fidelity fid;
+
+  // Runs one step over rows_per_request[r] new tokens of every request.
+  auto run_step = [&](const std::vector<std::int64_t>& new_tokens, bool decode,
+                      std::int64_t sample_last) {
+    Step st;
+    st.cu.push_back(0);
+    std::int64_t max_blocks = 0;
+    for (int r = 0; r < o.requests; ++r) {
+      const std::int64_t before = cm.length(ids[r]);
+      cm.append(ids[r], new_tokens[r]);
+      const auto s = cm.slot_mapping(ids[r], before, new_tokens[r]);
+      st.slots.insert(st.slots.end(), s.begin(), s.end());
+      for (std::int64_t i = 0; i < new_tokens[r]; ++i) {
+        st.positions.push_back(before + i);
+        st.request_of_row.push_back(r);
+        st.sampled.push_back(new_tokens[r] - i <= sample_last);
+      }
+      st.cu.push_back(static_cast<std::int32_t>(st.cu.back() + new_tokens[r]));
+      st.lens.push_back(static_cast<std::int32_t>(cm.length(ids[r])));
+      max_blocks = std::max<std::int64_t>(max_blocks, cm.pages(ids[r]).size());
+    }
+    st.rows = st.cu.back();
+    st.max_blocks = max_blocks;
+    st.table = cm.block_table(ids, max_blocks);
+    const std::int64_t T = st.rows;
+    const std::int64_t B = o.requests;
+
+    std::vector<std::uint16_t> input(static_cast<std::size_t>(T * kWidth));
+    for (std::int64_t t = 0; t < T; ++t) {
+      gen.row(st.request_of_row[t], st.positions[t], st.sampled[t], &input[t * kWidth]);
+    }
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(T * kHq * kD));
+    std::vector<std::uint8_t> iq(static_cast<std::size_t>(T * kHidx * kDi * 2));
+    const DType iq_dtype = config.indexer_kv_dtype == "fp8" ? DType::kFp8E4m3 : DType::kBf16;
+    ProducerInputs in;
+    in.qkv_index = TensorView::contiguous(input.data(), DType::kBf16, {T, kWidth});
+    in.q_norm_weight = in.k_norm_weight = in.index_q_norm_weight = in.index_k_norm_weight =
+        TensorView::contiguous(zeros_w.data(), DType::kBf16, {kD});
+    in.positions = TensorView::contiguous(st.positions.data(), DType::kInt64, {T});
+    in.slot_mapping = TensorView::contiguous(st.slots.data(), DType::kInt64, {T});
+    const auto q_view = TensorView::contiguous(q.data(), DType::kBf16, {T, kHq, kD});
+    const auto iq_view = TensorView::contiguous(iq.data(), iq_dtype, {T, kHidx, kDi});
+    PhaseTimes& times = decode ? rep.decode : rep.prefill;
+    auto t0 = Clock::now();
+    produce_qkv_index(config, in, cm.kv_cache(), cm.index_cache(), {q_view, iq_view}, op);
+    times.producer += since(t0);
+
+    std::vector<std::int32_t> topk(static_cast<std::size_t>(kHkv * T * o.topk));
+    const auto topk_view = TensorView::contiguous(topk.data(), DType::kInt32, {kHkv, T, o.topk});
+    const PrefillBatch pb{TensorView::contiguous(st.cu.data(), DType::kInt32, {B + 1}),
+                          TensorView::contiguous(st.lens.data(), DType::kInt32, {B}),
+                          TensorView::contiguous(st.table.data(), DType::kInt32, {B, max_blocks})};
+    const DecodeBatch db{pb.seq_lens, pb.block_table, dql};
+    t0 = Clock::now();
+    if (decode) {
+      index_decode(config, iq_view, cm.index_cache(), db, {topk_view}, op);
+    } else {
+      index_prefill(config, iq_view, cm.index_cache(), pb, {topk_view}, op);
+    }
+    times.indexer += since(t0);
+
+    std::vector<std::uint16_t> out(q.size());
+    std::vector<float> lse(static_cast<std::size_t>(T * kHq));
+    const AttentionOutputs ao{TensorView::contiguous(out.data(), DType::kBf16, {T, kHq, kD}),
+                              TensorView::contiguous(lse.data(), DType::kFp32, {T, kHq})};
+    t0 = Clock::now();
+    if (decode) {
+      sparse_attention_decode(config, q_view, cm.kv_cache(), db, topk_view, ao, op);
+    } else {
+      sparse_attention_prefill(config, q_view, cm.kv_cache(), pb, topk_view, ao, op);
+    }
+    times.attention += since(t0);
+
+    // Useful FLOPs and the bytes that must be read (each request's distinct selected pages).
+    double flops = 0, bytes = 0;
+    for (int r = 0; r < o.requests; ++r) {
+      bytes += static_cast<double>(st.lens[r]) * row_bytes(o.index_dtype, kDi);
+      for (std::int64_t h = 0; h < kHkv; ++h) {
+        std::set<std::int32_t> pages;
+        for (std::int64_t t = st.cu[r]; t < st.cu[r + 1]; ++t) {
+          flops += 2.0 * kDi * (kHidx / kHkv) * static_cast<double>(st.positions[t] + 1);
+          for (int i = 0; i < o.topk; ++i) {
+            const std::int32_t b = topk[(h * T + t) * o.topk + i];
+            if (b < 0) continue;
+            pages.insert(b);
+            flops += 4.0 * kD * (kHq / kHkv) *
+                     static_cast<double>(std::min<std::int64_t>(kBlock, st.positions[t] - b * kBlock + 1));
+          }
+        }
+        bytes += static_cast<double>(pages.size()) * kBlock * 2 * row_bytes(o.kv_dtype, kD);
+      }
+    }
+    (decode ? rep.decode_flops : rep.prefill_flops) += flops;
+    (decode ? rep.decode_bytes : rep.prefill_bytes) += bytes;
+
+    // Fidelity on the sampled rows: dense attention over the same rows.
+    std::vector<std::int64_t> rows;
+    for (std::int64_t t = 0; t < T; ++t) {
+      if (st.sampled[t]) rows.push_back(t);
+    }
+    if (rows.empty()) return;
+    const auto n = static_cast<std::int64_t>(rows.size());
+    std::vector<std::uint16_t> sq(static_cast<std::size_t>(n * kHq * kD));
+    std::vector<std::int32_t> scu{0}, slens;
+    for (int r = 0; r < o.requests; ++r) {
+      std::int64_t count = 0;
+      for (std::int64_t t : rows) count += st.request_of_row[t] == r;
+      scu.push_back(static_cast<std::int32_t>(scu.back() + count));
+      slens.push_back(st.lens[r]);  // sampled rows are each request's last ones
+    }
+    for (std::int64_t i = 0; i < n; ++i) {
+      std::copy_n(&q[rows[i] * kHq * kD], kHq * kD, &sq[i * kHq * kD]);
+    }
+    std::vector<std::uint16_t> dout(sq.size());
+    std::vector<float> dlse(static_cast<std::size_t>(n * kHq));
+    dense_attention(config, TensorView::contiguous(sq.data(), DType::kBf16, {n, kHq, kD}),
+                    cm.kv_cache(),
+                    {TensorView::contiguous(scu.data(), DType::kInt32, {B + 1}),
+                     TensorView::contiguous(slens.data(), DType::kInt32, {B}), pb.block_table},
+                    {TensorView::contiguous(dout.data(), DType::kBf16, {n, kHq, kD}),
+                     TensorView::contiguous(dlse.data(), DType::kFp32, {n, kHq})},
+                    op);
+    fid.rows += n;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = rows[i];
+      for (std::int64_t h = 0; h < kHq; ++h) {
+        // Sparse attention sums exp over a subset of the dense keys, so the mass it keeps is
+        // exp(lse_sparse - lse_dense).
+        fid.recall.push_back(std::exp(static_cast<double>(lse[t * kHq + h]) - dlse[i * kHq + h]));
+        double diff = 0, norm = 0;
+        for (std::int64_t e = 0; e < kD; ++e) {
+          const double a = fmt::bf16_to_float(out[(t * kHq + h) * kD + e]);
+          const double b = fmt::bf16_to_float(dout[(i * kHq + h) * kD + e]);
+          diff += (a - b) * (a - b);
+          norm += b * b;
+        }
+        fid.rel_error.push_back(norm > 0 ? std::sqrt(diff / norm) : 0.0);
+      }
+      const int r = st.request_of_row[t];
+      if (o.workload == Workload::kNeedle) {
+        const int needle = gen.asks(r, st.positions[t], true);
+        const std::int64_t block = gen.needle_blocks(r)[needle];
+        if (block >= st.positions[t] / kBlock) continue;  // not yet in the past
+        for (std::int64_t h = 0; h < kHkv; ++h) {
+          ++fid.needle_queries;
+          for (int i2 = 0; i2 < o.topk; ++i2) {
+            if (topk[(h * T + t) * o.topk + i2] == block) {
+              ++fid.needle_hits;
+              break;
+            }
+          }
+        }
+      }
+    }
+  };
+
+  // Chunked prefill: step k feeds chunk k of every request, as one ragged batch.
+  constexpr std::int64_t kSampledPrefillRows = 32;
+  for (std::int64_t c = 0; c < chunks; ++c) {
+    std::vector<std::int64_t> n(static_cast<std::size_t>(o.requests),
+                                std::min(o.chunk, o.context - c * o.chunk));
+    run_step(n, false, c == chunks - 1 ? kSampledPrefillRows : 0);
+    rep.prefill_tokens += n[0] * o.requests;
+    if (progress) progress(++done / total_work, "prefill");
+  }
+  for (int s = 0; s < o.decode_steps; ++s) {
+    run_step(std::vector<std::int64_t>(static_cast<std::size_t>(o.requests), dql), true, dql);
+    rep.decode_tokens += static_cast<std::int64_t>(o.requests) * dql;
+    if (progress) progress(++done / total_work, "decode");
+  }
+
+  rep.sampled_rows = fid.rows;
+  if (!fid.recall.empty()) {
+    rep.recall_mean = std::accumulate(fid.recall.begin(), fid.recall.end(), 0.0) /
+                      static_cast<double>(fid.recall.size());
+    std::sort(fid.recall.begin(), fid.recall.end());
+    rep.recall_p5 = fid.recall[fid.recall.size() / 20];
+    rep.relative_error_mean = std::accumulate(fid.rel_error.begin(), fid.rel_error.end(), 0.0) /
+                              static_cast<double>(fid.rel_error.size());
+  }
+  if (o.workload == Workload::kNeedle) {
+    rep.needle_queries = fid.needle_queries;
+    rep.needle_hit_rate = fid.needle_queries
+                              ? static_cast<double>(fid.needle_hits) /
+                                    static_cast<double>(fid.needle_queries)
+                              : 0.0;
+  }
+  return rep;
+}
+
+namespace {
+double per_second(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0; }
+}  // namespace
+
+void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
+  const auto& c = r.config;
+  std::fprintf(f, "FlashMSA %s: one MiniMax-M3 sparse attention layer, %s workload\n", version(),
+               to_string(o.workload));
+  std::fprintf(f, "backend   %s (%s; matrix products: %s)\n", r.backend.c_str(),
+               r.device.c_str(), r.gemm.c_str());
+  std::fprintf(f,
+               "shapes    %d requests x %lld tokens, chunk %lld, %d decode steps x %d tokens; "
+               "q heads 64, kv heads 4, d 128; top-%d of 128-token blocks\n",
+               o.requests, static_cast<long long>(o.context), static_cast<long long>(o.chunk),
+               o.decode_steps, 1 + o.spec_tokens, c.sparse_topk_blocks);
+  std::fprintf(f, "dtypes    kv cache %s, index cache %s, top-k order %s\n",
+               std::string(to_string(c.kv_cache_dtype)).c_str(),
+               std::string(to_string(c.index_cache_dtype)).c_str(),
+               std::string(to_string(c.topk_order)).c_str());
+  std::fprintf(f, "\n%-8s %10s %12s %12s %12s %12s %11s %11s\n", "phase", "tokens",
+               "producer ms", "index ms", "attention ms", "tokens/s", "GFLOP/s", "GB/s");
+  for (const bool decode : {false, true}) {
+    const PhaseTimes& t = decode ? r.decode : r.prefill;
+    const std::int64_t tokens = decode ? r.decode_tokens : r.prefill_tokens;
+    const double secs = t.total();
+    std::fprintf(f, "%-8s %10lld %12.1f %12.1f %12.1f %12.0f %11.1f %11.2f\n",
+                 decode ? "decode" : "prefill", static_cast<long long>(tokens),
+                 1e3 * t.producer, 1e3 * t.indexer, 1e3 * t.attention,
+                 per_second(static_cast<double>(tokens), secs),
+                 per_second(decode ? r.decode_flops : r.prefill_flops, secs) / 1e9,
+                 per_second(decode ? r.decode_bytes : r.prefill_bytes, secs) / 1e9);
+  }
+  std::fprintf(f, "(index ms includes the top-k, which is fused into the indexer)\n");
+  std::fprintf(f, "\nfidelity on %lld sampled rows x 64 q heads, sparse vs dense attention:\n",
+               static_cast<long long>(r.sampled_rows));
+  if (r.needle_hit_rate >= 0) {
+    std::fprintf(f, "  needle hit rate            %.3f  (%lld (row, kv head) queries)\n",
+                 r.needle_hit_rate, static_cast<long long>(r.needle_queries));
+  }
+  std::fprintf(f, "  attention-mass recall      mean %.3f, 5th percentile %.3f\n", r.recall_mean,
+               r.recall_p5);
+  std::fprintf(f, "  relative error vs dense    mean %.4f\n", r.relative_error_mean);
+  if (o.workload == Workload::kRandom) {
+    std::fprintf(f,
+                 "  (random keys are the worst case for sparsity: no block stands out, so the "
+                 "selected blocks hold little of the dense mass)\n");
+  }
+}
+
+std::string report_json(const Report& r, const RunOptions& o) {
+  std::ostringstream j;
+  auto phase = [&](const char* name, const PhaseTimes& t, std::int64_t tokens, double flops,
+                   double bytes) {
+    j << "  \"" << name << "\": {\"tokens\": " << tokens << ", \"producer_s\": " << t.producer
+      << ", \"indexer_s\": " << t.indexer << ", \"topk_s\": 0, \"topk_fused_into_indexer\": true"
+      << ", \"attention_s\": " << t.attention << ", \"total_s\": " << t.total()
+      << ", \"tokens_per_s\": " << per_second(static_cast<double>(tokens), t.total())
+      << ", \"flops\": " << flops << ", \"flop_per_s\": " << per_second(flops, t.total())
+      << ", \"bytes\": " << bytes << ", \"bytes_per_s\": " << per_second(bytes, t.total())
+      << "},\n";
+  };
+  j << "{\n  \"flashmsa_version\": \"" << version() << "\",\n  \"backend\": \"" << r.backend
+    << "\",\n  \"device\": \"" << r.device << "\",\n  \"workload\": \"" << to_string(o.workload)
+    << "\",\n  \"requests\": " << o.requests << ",\n  \"context\": " << o.context
+    << ",\n  \"chunk\": " << o.chunk << ",\n  \"decode_steps\": " << o.decode_steps
+    << ",\n  \"decode_query_len\": " << 1 + o.spec_tokens
+    << ",\n  \"num_attention_heads\": 64,\n  \"num_key_value_heads\": 4,\n  \"head_dim\": 128"
+    << ",\n  \"topk\": " << r.config.sparse_topk_blocks << ",\n  \"kv_dtype\": \""
+    << to_string(r.config.kv_cache_dtype) << "\",\n  \"index_dtype\": \""
+    << to_string(r.config.index_cache_dtype) << "\",\n  \"topk_order\": \""
+    << to_string(r.config.topk_order) << "\",\n  \"seed\": " << o.seed << ",\n";
+  phase("prefill", r.prefill, r.prefill_tokens, r.prefill_flops, r.prefill_bytes);
+  phase("decode", r.decode, r.decode_tokens, r.decode_flops, r.decode_bytes);
+  j << "  \"fidelity\": {\"sampled_rows\": " << r.sampled_rows << ", \"needle_queries\": "
+    << r.needle_queries << ", \"needle_hit_rate\": ";
+  if (r.needle_hit_rate >= 0) {
+    j << r.needle_hit_rate;
+  } else {
+    j << "null";
+  }
+  j << ", \"recall_mean\": " << r.recall_mean << ", \"recall_p5\": " << r.recall_p5
+    << ", \"relative_error_mean\": " << r.relative_error_mean << "}\n}\n";
+  return j.str();
+}
+
+}  // namespace flashmsa::tools
