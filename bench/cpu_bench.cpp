@@ -101,10 +101,10 @@ Result run(std::int64_t tokens, bool coherent, double ceiling) {
   std::vector<std::int32_t> cu{0, static_cast<std::int32_t>(tokens)};
   std::vector<std::int32_t> lens{static_cast<std::int32_t>(tokens)};
   const auto table = cm.block_table(std::vector<CacheManager::RequestId>{id}, tokens / 128 + 1);
-  const PrefillBatch batch{TensorView::contiguous(cu.data(), DType::kInt32, {2}),
-                           TensorView::contiguous(lens.data(), DType::kInt32, {1}),
-                           TensorView::contiguous(table.data(), DType::kInt32,
-                                                  {1, tokens / 128 + 1})};
+  const PrefillBatch batch{
+      TensorView::contiguous(cu.data(), DType::kInt32, {2}),
+      TensorView::contiguous(lens.data(), DType::kInt32, {1}),
+      TensorView::contiguous(table.data(), DType::kInt32, {1, tokens / 128 + 1})};
   std::vector<std::int32_t> topk(static_cast<std::size_t>(hkv * tokens * topk_n));
   const auto topk_view = TensorView::contiguous(topk.data(), DType::kInt32, {hkv, tokens, topk_n});
 
@@ -144,8 +144,13 @@ Result run(std::int64_t tokens, bool coherent, double ceiling) {
   const double attn_flops = keys * (hq / hkv) * 4.0 * d;
   const double index_flops = 2.0 * di * hidx * (static_cast<double>(tokens) * (tokens + 1) / 2);
   const double gflops = attn_flops / attn_s / 1e9;
-  return {coherent ? "coherent" : "random", tokens, index_s, index_flops / index_s / 1e9, attn_s,
-          gflops, ceiling > 0 ? gflops / ceiling : 0,
+  return {coherent ? "coherent" : "random",
+          tokens,
+          index_s,
+          index_flops / index_s / 1e9,
+          attn_s,
+          gflops,
+          ceiling > 0 ? gflops / ceiling : 0,
           pages / (hkv * ((tokens + 63) / 64))};
 }
 
@@ -208,12 +213,12 @@ int main(int argc, char** argv) {
       << ",\n  \"gemm_ceiling_gflops\": " << ceiling << ",\n  \"cases\": [";
     for (std::size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      f << (i ? "," : "") << "\n    {\"selection\": \"" << r.selection << "\", \"tokens\": "
-        << r.tokens << ", \"index_seconds\": " << r.index_s << ", \"index_gflops\": "
-        << r.index_gflops << ", \"attention_seconds\": " << r.attn_s
-        << ", \"attention_gflops\": " << r.attn_gflops << ", \"attention_vs_gemm\": "
-        << r.attn_fraction << ", \"distinct_pages_per_64_rows\": " << r.distinct_pages_per_64
-        << "}";
+      f << (i ? "," : "") << "\n    {\"selection\": \"" << r.selection
+        << "\", \"tokens\": " << r.tokens << ", \"index_seconds\": " << r.index_s
+        << ", \"index_gflops\": " << r.index_gflops << ", \"attention_seconds\": " << r.attn_s
+        << ", \"attention_gflops\": " << r.attn_gflops
+        << ", \"attention_vs_gemm\": " << r.attn_fraction
+        << ", \"distinct_pages_per_64_rows\": " << r.distinct_pages_per_64 << "}";
     }
     f << "\n  ]\n}\n";
   }

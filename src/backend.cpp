@@ -51,7 +51,9 @@ int cpu_worker_threads(int requested) noexcept {
   return requested > 0 ? std::min(requested, all) : all;
 }
 
-const char* cpu_matrix_library() noexcept { return cpu::gemm_library(); }
+const char* cpu_matrix_library() noexcept {
+  return cpu::gemm_library();
+}
 
 bool backend_compiled(Backend backend) noexcept {
   return backend == Backend::kCpu || cuda::compiled_with_cuda();
@@ -122,8 +124,8 @@ std::optional<std::string> unsupported_reason(const Config& config, Backend back
                           ", got ", config.sparse_index_dim);
   }
   if (caps.max_topk_blocks > 0 && config.sparse_topk_blocks > caps.max_topk_blocks) {
-    return detail::concat(name, " supports sparse_topk_blocks <= ", caps.max_topk_blocks,
-                          ", got ", config.sparse_topk_blocks);
+    return detail::concat(name, " supports sparse_topk_blocks <= ", caps.max_topk_blocks, ", got ",
+                          config.sparse_topk_blocks);
   }
   const int group = heads.num_attention_heads / heads.num_key_value_heads;
   if (caps.max_q_heads_per_kv_head > 0 && group > caps.max_q_heads_per_kv_head) {

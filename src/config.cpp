@@ -40,9 +40,13 @@ float Config::resolved_softmax_scale() const {
 
 namespace {
 
-bool is_power_of_two(int v) { return v > 0 && (v & (v - 1)) == 0; }
+bool is_power_of_two(int v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
 
-std::string quoted(const std::string& s) { return detail::concat('"', s, '"'); }
+std::string quoted(const std::string& s) {
+  return detail::concat('"', s, '"');
+}
 
 // Collects problems; each rule is one line in validate().
 class Findings {
@@ -57,7 +61,9 @@ class Findings {
   std::vector<ConfigProblem> problems_;
 };
 
-bool finite_positive(double v) { return std::isfinite(v) && v > 0.0; }
+bool finite_positive(double v) {
+  return std::isfinite(v) && v > 0.0;
+}
 
 }  // namespace
 
@@ -79,8 +85,8 @@ std::vector<ConfigProblem> Config::validate(const ModelHeads& model) const {
   f.require(sparse_disable_index_value, "sparse_disable_index_value", "false",
             "true (the index value branch is not supported)");
   const bool fp8_indexer = indexer_kv_dtype == "fp8";
-  f.require(fp8_indexer || indexer_kv_dtype == "bf16", "indexer_kv_dtype",
-            quoted(indexer_kv_dtype), "\"bf16\" or \"fp8\"");
+  f.require(fp8_indexer || indexer_kv_dtype == "bf16", "indexer_kv_dtype", quoted(indexer_kv_dtype),
+            "\"bf16\" or \"fp8\"");
   const bool msa = implementation == "msa";
   f.require(msa || implementation == "triton", "implementation", quoted(implementation),
             "\"triton\" or \"msa\"");
@@ -99,33 +105,31 @@ std::vector<ConfigProblem> Config::validate(const ModelHeads& model) const {
   }
 
   const ResolvedHeads heads = resolve_heads(model);
-  f.require(heads.num_attention_heads > 0, "num_attention_heads", heads.num_attention_heads,
-            "> 0");
-  f.require(heads.num_key_value_heads > 0, "num_key_value_heads", heads.num_key_value_heads,
-            "> 0");
+  f.require(heads.num_attention_heads > 0, "num_attention_heads", heads.num_attention_heads, "> 0");
+  f.require(heads.num_key_value_heads > 0, "num_key_value_heads", heads.num_key_value_heads, "> 0");
   if (heads.num_attention_heads > 0 && heads.num_key_value_heads > 0) {
-    f.require(heads.num_attention_heads % heads.num_key_value_heads == 0, "num_attention_heads",
-              heads.num_attention_heads,
-              detail::concat("a multiple of num_key_value_heads (", heads.num_key_value_heads,
-                             ")"));
-    f.require(sparse_num_index_heads <= 0 ||
-                  sparse_num_index_heads % heads.num_key_value_heads == 0,
-              "sparse_num_index_heads", sparse_num_index_heads,
-              detail::concat("equal to or a multiple of num_key_value_heads (",
-                             heads.num_key_value_heads, ")"));
+    f.require(
+        heads.num_attention_heads % heads.num_key_value_heads == 0, "num_attention_heads",
+        heads.num_attention_heads,
+        detail::concat("a multiple of num_key_value_heads (", heads.num_key_value_heads, ")"));
+    f.require(
+        sparse_num_index_heads <= 0 || sparse_num_index_heads % heads.num_key_value_heads == 0,
+        "sparse_num_index_heads", sparse_num_index_heads,
+        detail::concat("equal to or a multiple of num_key_value_heads (", heads.num_key_value_heads,
+                       ")"));
   }
 
   f.require(head_dim > 0 && head_dim % 2 == 0, "head_dim", head_dim, "even and > 0");
   f.require(sparse_index_dim <= 0 || sparse_index_dim % 2 == 0, "sparse_index_dim",
             sparse_index_dim, "even");
-  f.require(rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= head_dim &&
-                rope_dim <= sparse_index_dim,
-            "rope_dim", rope_dim,
-            detail::concat("even, >= 0 and <= head_dim (", head_dim, ") and sparse_index_dim (",
-                           sparse_index_dim, ")"));
+  f.require(
+      rope_dim >= 0 && rope_dim % 2 == 0 && rope_dim <= head_dim && rope_dim <= sparse_index_dim,
+      "rope_dim", rope_dim,
+      detail::concat("even, >= 0 and <= head_dim (", head_dim, ") and sparse_index_dim (",
+                     sparse_index_dim, ")"));
   const bool kv_dtype_ok = kv_cache_dtype == DType::kBf16 || kv_cache_dtype == DType::kFp16 ||
-                           kv_cache_dtype == DType::kFp8E4m3 ||
-                           kv_cache_dtype == DType::kFp8E5m2 || kv_cache_dtype == DType::kNvfp4;
+                           kv_cache_dtype == DType::kFp8E4m3 || kv_cache_dtype == DType::kFp8E5m2 ||
+                           kv_cache_dtype == DType::kNvfp4;
   f.require(kv_dtype_ok, "kv_cache_dtype", to_string(kv_cache_dtype),
             "one of bf16, fp16, fp8_e4m3, fp8_e5m2, nvfp4");
   const bool index_dtype_ok = index_cache_dtype == DType::kBf16 ||
@@ -145,8 +149,7 @@ std::vector<ConfigProblem> Config::validate(const ModelHeads& model) const {
   f.require(index_cache_dtype != DType::kNvfp4 || sparse_index_dim % 16 == 0, "sparse_index_dim",
             sparse_index_dim, "a multiple of 16 for an nvfp4 index cache");
   if (softmax_scale) {
-    f.require(finite_positive(*softmax_scale), "softmax_scale", *softmax_scale,
-              "finite and > 0");
+    f.require(finite_positive(*softmax_scale), "softmax_scale", *softmax_scale, "finite and > 0");
   }
   f.require(finite_positive(rope_theta), "rope_theta", rope_theta, "finite and > 0");
   f.require(finite_positive(rms_norm_eps), "rms_norm_eps", rms_norm_eps, "finite and > 0");

@@ -19,9 +19,10 @@ std::string with_location(ErrorKind kind, const std::string& message,
   std::string_view file = where.file_name();
   // Trim the build machine's path prefix so messages read the same everywhere.
   if (auto pos = file.rfind("/src/"); pos != std::string_view::npos) file.remove_prefix(pos + 1);
-  if (auto pos = file.rfind("/include/"); pos != std::string_view::npos) file.remove_prefix(pos + 1);
-  return detail::concat("flashmsa: ", to_string(kind), ": ", message, " [", file, ":",
-                        where.line(), "]");
+  if (auto pos = file.rfind("/include/"); pos != std::string_view::npos)
+    file.remove_prefix(pos + 1);
+  return detail::concat("flashmsa: ", to_string(kind), ": ", message, " [", file, ":", where.line(),
+                        "]");
 }
 }  // namespace
 

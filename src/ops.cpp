@@ -13,8 +13,7 @@
 namespace flashmsa {
 namespace {
 
-constexpr std::initializer_list<DType> kActivationDtypes{DType::kBf16, DType::kFp16,
-                                                         DType::kFp32};
+constexpr std::initializer_list<DType> kActivationDtypes{DType::kBf16, DType::kFp16, DType::kFp32};
 
 // Host-readable int32/int64 entry i of a 1-d tensor.
 std::int64_t host_index(const TensorView& t, std::int64_t i) {
@@ -29,15 +28,16 @@ void check_slot_values(const TensorView& slots, std::int64_t capacity, const cha
                            "checked mode for CUDA tensors is not implemented yet");
   for (std::int64_t t = 0; t < slots.shape[0]; ++t) {
     const std::int64_t s = host_index(slots, t);
-    FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s,
-                       " is beyond the cache capacity of ", capacity, " slots");
+    FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s, " is beyond the cache capacity of ",
+                       capacity, " slots");
   }
 }
 
 [[noreturn]] void cuda_not_available(const char* op) {
   throw Error(ErrorKind::kUnsupported,
-              detail::concat(op, ": CUDA tensors are not supported yet (the CUDA backend of this "
-                                 "operation is not implemented); use CPU tensors"));
+              detail::concat(op,
+                             ": CUDA tensors are not supported yet (the CUDA backend of this "
+                             "operation is not implemented); use CPU tensors"));
 }
 
 }  // namespace
@@ -65,9 +65,9 @@ void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
   cpu::insert_index_k(cache, index_k, slot_mapping);
 }
 
-void produce_qkv_index(const Config& config, const ProducerInputs& in,
-                       const KvCacheView& kv_cache, const IndexCacheView& index_cache,
-                       const ProducerOutputs& out, const OpOptions& options) {
+void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvCacheView& kv_cache,
+                       const IndexCacheView& index_cache, const ProducerOutputs& out,
+                       const OpOptions& options) {
   config.check();
   kv_cache.validate();
   index_cache.validate();
@@ -89,11 +89,10 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
   FLASHMSA_CHECK_ARG(index_cache.dtype == config.index_cache_dtype, "index_cache.dtype must be ",
                      to_string(config.index_cache_dtype), " (config.index_cache_dtype), got ",
                      to_string(index_cache.dtype));
-  FLASHMSA_CHECK_ARG(index_cache.index_dim == di &&
-                         index_cache.page_size == config.sparse_block_size,
-                     "index_cache must have index_dim ", di, " and page_size ",
-                     config.sparse_block_size, ", got ", index_cache.index_dim, " and ",
-                     index_cache.page_size);
+  FLASHMSA_CHECK_ARG(
+      index_cache.index_dim == di && index_cache.page_size == config.sparse_block_size,
+      "index_cache must have index_dim ", di, " and page_size ", config.sparse_block_size, ", got ",
+      index_cache.index_dim, " and ", index_cache.page_size);
   FLASHMSA_CHECK_ARG(index_cache.device == device, "index_cache must be on ", to_string(device),
                      " like kv_cache, got ", to_string(index_cache.device));
 
@@ -102,16 +101,15 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in,
   const std::int64_t num_tokens = in.qkv_index.shape[0];
   check_tensor(in.q_norm_weight, "q_norm_weight", {DType::kBf16, DType::kFp32}, device, {d});
   check_tensor(in.k_norm_weight, "k_norm_weight", {DType::kBf16, DType::kFp32}, device, {d});
-  check_tensor(in.index_q_norm_weight, "index_q_norm_weight", {DType::kBf16, DType::kFp32},
-               device, {di});
-  check_tensor(in.index_k_norm_weight, "index_k_norm_weight", {DType::kBf16, DType::kFp32},
-               device, {di});
+  check_tensor(in.index_q_norm_weight, "index_q_norm_weight", {DType::kBf16, DType::kFp32}, device,
+               {di});
+  check_tensor(in.index_k_norm_weight, "index_k_norm_weight", {DType::kBf16, DType::kFp32}, device,
+               {di});
   check_tensor(in.positions, "positions", {DType::kInt32, DType::kInt64}, device, {num_tokens});
   check_tensor(in.slot_mapping, "slot_mapping", DType::kInt64, device, {num_tokens});
   const bool own_index_slots = in.index_slot_mapping.data != nullptr;
   if (own_index_slots) {
-    check_tensor(in.index_slot_mapping, "index_slot_mapping", DType::kInt64, device,
-                 {num_tokens});
+    check_tensor(in.index_slot_mapping, "index_slot_mapping", DType::kInt64, device, {num_tokens});
   }
   check_tensor(out.q, "q", {DType::kBf16, DType::kFp16}, device, {num_tokens, hq, d});
   if (config.indexer_kv_dtype == "fp8") {
@@ -147,8 +145,8 @@ Shapes checked_config(const Config& config) {
     throw Error(ErrorKind::kUnsupported, *reason);
   }
   const ResolvedHeads h = config.resolve_heads();
-  return {h.num_attention_heads, h.num_key_value_heads, config.sparse_num_index_heads,
-          config.head_dim, config.sparse_index_dim, config.sparse_block_size};
+  return {h.num_attention_heads, h.num_key_value_heads,   config.sparse_num_index_heads,
+          config.head_dim,       config.sparse_index_dim, config.sparse_block_size};
 }
 
 // Validates a batch's arrays; returns B.
@@ -167,9 +165,9 @@ std::int64_t check_decode_batch(const DecodeBatch& b, Device device, std::int64_
   const std::int64_t num_requests = b.seq_lens.shape[0];
   check_tensor(b.block_table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
   FLASHMSA_CHECK_ARG(num_rows == num_requests * b.decode_query_len,
-                     "decode rows must number batch size x decode_query_len (", num_requests,
-                     " x ", b.decode_query_len, " = ", num_requests * b.decode_query_len,
-                     "), got ", num_rows);
+                     "decode rows must number batch size x decode_query_len (", num_requests, " x ",
+                     b.decode_query_len, " = ", num_requests * b.decode_query_len, "), got ",
+                     num_rows);
   return num_requests;
 }
 
@@ -197,10 +195,10 @@ void check_plan_values(const cpu::RowPlan& plan, const TensorView* cu_seqlens,
                          ": seq_lens is smaller than its query rows");
     }
     for (std::int64_t b = 0; b < plan.visible_blocks(p_max); ++b) {
-      FLASHMSA_CHECK_ARG(plan.page(r, b) >= 0, "batch.block_table[", r, "][", b,
-                         "] must be a page in [0, ", plan.num_pages, ") for a visible block, got ",
-                         b < plan.max_blocks ? plan.block_table[r * plan.table_row_stride + b]
-                                             : -1);
+      FLASHMSA_CHECK_ARG(
+          plan.page(r, b) >= 0, "batch.block_table[", r, "][", b, "] must be a page in [0, ",
+          plan.num_pages, ") for a visible block, got ",
+          b < plan.max_blocks ? plan.block_table[r * plan.table_row_stride + b] : -1);
     }
   }
 }
@@ -212,8 +210,8 @@ void check_index_args(const Config& config, const Shapes& s, const TensorView& i
                      to_string(config.index_cache_dtype), " (config.index_cache_dtype), got ",
                      to_string(cache.dtype));
   FLASHMSA_CHECK_ARG(cache.index_dim == s.di && cache.page_size == s.block,
-                     "index_cache must have index_dim ", s.di, " and page_size ", s.block,
-                     ", got ", cache.index_dim, " and ", cache.page_size);
+                     "index_cache must have index_dim ", s.di, " and page_size ", s.block, ", got ",
+                     cache.index_dim, " and ", cache.page_size);
   if (config.indexer_kv_dtype == "fp8") {
     check_tensor(index_q, "index_q", DType::kFp8E4m3, cache.device, {-1, s.hidx, s.di});
   } else {
@@ -235,11 +233,10 @@ void check_attention_args(const Config& config, const Shapes& s, const TensorVie
   FLASHMSA_CHECK_ARG(kv.dtype == config.kv_cache_dtype, "kv_cache.dtype must be ",
                      to_string(config.kv_cache_dtype), " (config.kv_cache_dtype), got ",
                      to_string(kv.dtype));
-  FLASHMSA_CHECK_ARG(kv.shape.num_kv_heads == s.hkv && kv.shape.head_dim == s.d &&
-                         kv.shape.page_size == s.block,
-                     "kv_cache must have ", s.hkv, " kv heads, head_dim ", s.d, " and page_size ",
-                     s.block, ", got ", kv.shape.num_kv_heads, ", ", kv.shape.head_dim, " and ",
-                     kv.shape.page_size);
+  FLASHMSA_CHECK_ARG(
+      kv.shape.num_kv_heads == s.hkv && kv.shape.head_dim == s.d && kv.shape.page_size == s.block,
+      "kv_cache must have ", s.hkv, " kv heads, head_dim ", s.d, " and page_size ", s.block,
+      ", got ", kv.shape.num_kv_heads, ", ", kv.shape.head_dim, " and ", kv.shape.page_size);
   check_tensor(q, "q", {DType::kBf16, DType::kFp16}, kv.device, {-1, s.hq, s.d});
   const std::int64_t rows = q.shape[0];
   if (topk) check_tensor(*topk, "topk", DType::kInt32, kv.device, {s.hkv, rows, -1});
@@ -287,8 +284,8 @@ void check_topk_values(const TensorView& topk, const cpu::RowPlan& plan) {
         const std::int32_t b =
             topk.as<const std::int32_t>()[h * topk.stride[0] + t * topk.stride[1] +
                                           i * topk.stride[2]];
-        FLASHMSA_CHECK_ARG(b == -1 || (b >= 0 && b < nvb), "topk[", h, "][", t, "][", i,
-                           "] = ", b, " is neither -1 nor a visible block (< ", nvb, ")");
+        FLASHMSA_CHECK_ARG(b == -1 || (b >= 0 && b < nvb), "topk[", h, "][", t, "][", i, "] = ", b,
+                           " is neither -1 nor a visible block (< ", nvb, ")");
       }
     }
   }
@@ -341,10 +338,9 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
                       options.num_threads);
 }
 
-void sparse_attention_decode(const Config& config, const TensorView& q,
-                             const KvCacheView& kv_cache, const DecodeBatch& batch,
-                             const TensorView& topk, const AttentionOutputs& outputs,
-                             const OpOptions& options) {
+void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
+                             const DecodeBatch& batch, const TensorView& topk,
+                             const AttentionOutputs& outputs, const OpOptions& options) {
   const Shapes s = checked_config(config);
   check_attention_args(config, s, q, kv_cache, &topk, outputs, true);
   check_decode_batch(batch, kv_cache.device, q.shape[0]);

@@ -9,11 +9,13 @@
 
 namespace flashmsa {
 
-const char* version() noexcept { return "0.1.0"; }
+const char* version() noexcept {
+  return "0.1.0";
+}
 
 std::string build_info() {
-  return detail::concat("flashmsa ", version(), "\ncuda: ",
-                        cuda::compiled_with_cuda() ? "on" : "off",
+  return detail::concat("flashmsa ", version(),
+                        "\ncuda: ", cuda::compiled_with_cuda() ? "on" : "off",
                         "\ncuda targets: ", FLASHMSA_CUDA_GENCODES, "\ncompiler: ",
 #if defined(__clang__)
                         "clang ", __clang_version__

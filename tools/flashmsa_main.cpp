@@ -20,7 +20,8 @@ using namespace flashmsa;
 using flashmsa::tools::RunOptions;
 using flashmsa::tools::Workload;
 
-constexpr const char* kMainHelp = R"(flashmsa: MiniMax-M3 sparse attention (MSA), C++/CUDA library and tools
+constexpr const char* kMainHelp =
+    R"(flashmsa: MiniMax-M3 sparse attention (MSA), C++/CUDA library and tools
 
 usage: flashmsa <command> [options]
 
@@ -106,15 +107,18 @@ RunOptions parse_run(const std::vector<std::string>& args) {
       o.quiet = true;
       continue;
     }
-    if (a.rfind("--", 0) != 0) usage_error("unexpected argument '" + a + "' (see flashmsa run --help)");
+    if (a.rfind("--", 0) != 0)
+      usage_error("unexpected argument '" + a + "' (see flashmsa run --help)");
     if (i + 1 >= args.size()) usage_error(a + " needs a value (see flashmsa run --help)");
     const std::string v = args[++i];
     if (a == "--backend") {
-      o.backend = parse_choice<std::string>(a, v, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}});
+      o.backend =
+          parse_choice<std::string>(a, v, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}});
     } else if (a == "--workload") {
-      o.workload = parse_choice<Workload>(
-          a, v, {{"needle", Workload::kNeedle}, {"random", Workload::kRandom},
-                 {"clustered", Workload::kClustered}});
+      o.workload = parse_choice<Workload>(a, v,
+                                          {{"needle", Workload::kNeedle},
+                                           {"random", Workload::kRandom},
+                                           {"clustered", Workload::kClustered}});
     } else if (a == "--requests") {
       o.requests = static_cast<int>(parse_int(a, v, 1, 4096));
     } else if (a == "--context") {
@@ -128,17 +132,20 @@ RunOptions parse_run(const std::vector<std::string>& args) {
     } else if (a == "--topk") {
       o.topk = static_cast<int>(parse_int(a, v, 1, 64));
     } else if (a == "--kv-dtype") {
-      o.kv_dtype = parse_choice<DType>(a, v, {{"bf16", DType::kBf16}, {"fp16", DType::kFp16},
-                                              {"fp8_e4m3", DType::kFp8E4m3},
-                                              {"fp8_e5m2", DType::kFp8E5m2},
-                                              {"nvfp4", DType::kNvfp4}});
+      o.kv_dtype = parse_choice<DType>(a, v,
+                                       {{"bf16", DType::kBf16},
+                                        {"fp16", DType::kFp16},
+                                        {"fp8_e4m3", DType::kFp8E4m3},
+                                        {"fp8_e5m2", DType::kFp8E5m2},
+                                        {"nvfp4", DType::kNvfp4}});
     } else if (a == "--index-dtype") {
       o.index_dtype = parse_choice<DType>(
           a, v, {{"bf16", DType::kBf16}, {"fp8_e4m3", DType::kFp8E4m3}, {"nvfp4", DType::kNvfp4}});
     } else if (a == "--topk-order") {
-      o.topk_order = parse_choice<TopkOrder>(a, v, {{"ascending", TopkOrder::kAscending},
-                                                    {"score_desc", TopkOrder::kScoreDesc},
-                                                    {"local_last", TopkOrder::kLocalLast}});
+      o.topk_order = parse_choice<TopkOrder>(a, v,
+                                             {{"ascending", TopkOrder::kAscending},
+                                              {"score_desc", TopkOrder::kScoreDesc},
+                                              {"local_last", TopkOrder::kLocalLast}});
     } else if (a == "--seed") {
       o.seed = static_cast<std::uint64_t>(parse_int(a, v, 0, INT64_MAX));
     } else if (a == "--threads") {
@@ -178,8 +185,8 @@ class ProgressBar {
     shown_ = true;
     const int width = 40, filled = static_cast<int>(fraction * width);
     std::fprintf(stderr, "\r[%.*s%*s] %3.0f%% %-8s %5.1f s", filled,
-                 "========================================", width - filled, "",
-                 100 * fraction, phase, elapsed);
+                 "========================================", width - filled, "", 100 * fraction,
+                 phase, elapsed);
     std::fflush(stderr);
   }
 

@@ -71,8 +71,10 @@ class Generator {
 
   // Which planted direction row (request, position) asks for: a needle index or a topic, -1 none.
   int asks(int request, std::int64_t position, bool sampled) const {
-    if (options_.workload == Workload::kNeedle) return sampled ? static_cast<int>(position % kNeedles) : -1;
-    if (options_.workload == Workload::kClustered) return (request + static_cast<int>(position / 512)) % kTopics;
+    if (options_.workload == Workload::kNeedle)
+      return sampled ? static_cast<int>(position % kNeedles) : -1;
+    if (options_.workload == Workload::kClustered)
+      return (request + static_cast<int>(position / 512)) % kTopics;
     return -1;
   }
   // The direction a key at (request, position) carries, -1 none.
@@ -124,7 +126,9 @@ struct Step {
   std::int64_t rows = 0, max_blocks = 0;
 };
 
-std::int64_t elem_bytes(DType d) { return d == DType::kNvfp4 ? 0 : dtype_bits(d) / 8; }
+std::int64_t elem_bytes(DType d) {
+  return d == DType::kNvfp4 ? 0 : dtype_bits(d) / 8;
+}
 double row_bytes(DType d, std::int64_t dim) {
   return d == DType::kNvfp4 ? dim / 2.0 + dim / 16.0 : static_cast<double>(dim * elem_bytes(d));
 }
@@ -136,7 +140,8 @@ struct Fidelity {
 
 }  // namespace
 
-Report run_simulation(const RunOptions& o, const std::function<void(double, const char*)>& progress) {
+Report run_simulation(const RunOptions& o,
+                      const std::function<void(double, const char*)>& progress) {
   Config config;
   config.kv_cache_dtype = o.kv_dtype;
   config.index_cache_dtype = o.index_dtype;
@@ -155,8 +160,8 @@ Report run_simulation(const RunOptions& o, const std::function<void(double, cons
   const int dql = 1 + o.spec_tokens;
   const std::int64_t total_len = o.context + static_cast<std::int64_t>(o.decode_steps) * dql;
   const std::int64_t pages_per_request = (total_len + kBlock - 1) / kBlock;
-  CacheManager cm(config, {.num_pages = o.requests * pages_per_request + 1,
-                           .shuffle_seed = o.seed});
+  CacheManager cm(config,
+                  {.num_pages = o.requests * pages_per_request + 1, .shuffle_seed = o.seed});
   std::vector<CacheManager::RequestId> ids;
   for (int r = 0; r < o.requests; ++r) ids.push_back(cm.add_request());
   Generator gen(o);
@@ -253,7 +258,8 @@ Report run_simulation(const RunOptions& o, const std::function<void(double, cons
             if (b < 0) continue;
             pages.insert(b);
             flops += 4.0 * kD * (kHq / kHkv) *
-                     static_cast<double>(std::min<std::int64_t>(kBlock, st.positions[t] - b * kBlock + 1));
+                     static_cast<double>(
+                         std::min<std::int64_t>(kBlock, st.positions[t] - b * kBlock + 1));
           }
         }
         bytes += static_cast<double>(pages.size()) * kBlock * 2 * row_bytes(o.kv_dtype, kD);
@@ -349,24 +355,25 @@ Report run_simulation(const RunOptions& o, const std::function<void(double, cons
   }
   if (o.workload == Workload::kNeedle) {
     rep.needle_queries = fid.needle_queries;
-    rep.needle_hit_rate = fid.needle_queries
-                              ? static_cast<double>(fid.needle_hits) /
-                                    static_cast<double>(fid.needle_queries)
-                              : 0.0;
+    rep.needle_hit_rate = fid.needle_queries ? static_cast<double>(fid.needle_hits) /
+                                                   static_cast<double>(fid.needle_queries)
+                                             : 0.0;
   }
   return rep;
 }
 
 namespace {
-double per_second(double amount, double seconds) { return seconds > 0 ? amount / seconds : 0; }
+double per_second(double amount, double seconds) {
+  return seconds > 0 ? amount / seconds : 0;
+}
 }  // namespace
 
 void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
   const auto& c = r.config;
   std::fprintf(f, "FlashMSA %s: one MiniMax-M3 sparse attention layer, %s workload\n", version(),
                to_string(o.workload));
-  std::fprintf(f, "backend   %s (%s; matrix products: %s)\n", r.backend.c_str(),
-               r.device.c_str(), r.gemm.c_str());
+  std::fprintf(f, "backend   %s (%s; matrix products: %s)\n", r.backend.c_str(), r.device.c_str(),
+               r.gemm.c_str());
   std::fprintf(f,
                "shapes    %d requests x %lld tokens, chunk %lld, %d decode steps x %d tokens; "
                "q heads 64, kv heads 4, d 128; top-%d of 128-token blocks\n",
@@ -376,16 +383,15 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
                std::string(to_string(c.kv_cache_dtype)).c_str(),
                std::string(to_string(c.index_cache_dtype)).c_str(),
                std::string(to_string(c.topk_order)).c_str());
-  std::fprintf(f, "\n%-8s %10s %12s %12s %12s %12s %11s %11s\n", "phase", "tokens",
-               "producer ms", "index ms", "attention ms", "tokens/s", "GFLOP/s", "GB/s");
+  std::fprintf(f, "\n%-8s %10s %12s %12s %12s %12s %11s %11s\n", "phase", "tokens", "producer ms",
+               "index ms", "attention ms", "tokens/s", "GFLOP/s", "GB/s");
   for (const bool decode : {false, true}) {
     const PhaseTimes& t = decode ? r.decode : r.prefill;
     const std::int64_t tokens = decode ? r.decode_tokens : r.prefill_tokens;
     const double secs = t.total();
     std::fprintf(f, "%-8s %10lld %12.1f %12.1f %12.1f %12.0f %11.1f %11.2f\n",
-                 decode ? "decode" : "prefill", static_cast<long long>(tokens),
-                 1e3 * t.producer, 1e3 * t.indexer, 1e3 * t.attention,
-                 per_second(static_cast<double>(tokens), secs),
+                 decode ? "decode" : "prefill", static_cast<long long>(tokens), 1e3 * t.producer,
+                 1e3 * t.indexer, 1e3 * t.attention, per_second(static_cast<double>(tokens), secs),
                  per_second(decode ? r.decode_flops : r.prefill_flops, secs) / 1e9,
                  per_second(decode ? r.decode_bytes : r.prefill_bytes, secs) / 1e9);
   }
@@ -430,8 +436,8 @@ std::string report_json(const Report& r, const RunOptions& o) {
     << to_string(r.config.topk_order) << "\",\n  \"seed\": " << o.seed << ",\n";
   phase("prefill", r.prefill, r.prefill_tokens, r.prefill_flops, r.prefill_bytes);
   phase("decode", r.decode, r.decode_tokens, r.decode_flops, r.decode_bytes);
-  j << "  \"fidelity\": {\"sampled_rows\": " << r.sampled_rows << ", \"needle_queries\": "
-    << r.needle_queries << ", \"needle_hit_rate\": ";
+  j << "  \"fidelity\": {\"sampled_rows\": " << r.sampled_rows
+    << ", \"needle_queries\": " << r.needle_queries << ", \"needle_hit_rate\": ";
   if (r.needle_hit_rate >= 0) {
     j << r.needle_hit_rate;
   } else {

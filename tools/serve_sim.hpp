@@ -23,7 +23,7 @@ struct RunOptions {
   std::int64_t context = 8192;  // tokens per request
   std::int64_t chunk = 4096;    // prefill chunk
   int decode_steps = 8;
-  int spec_tokens = 0;          // decode query length = 1 + spec_tokens
+  int spec_tokens = 0;  // decode query length = 1 + spec_tokens
   int topk = 16;
   DType kv_dtype = DType::kBf16;
   DType index_dtype = DType::kBf16;
@@ -48,8 +48,8 @@ struct Report {
   double prefill_bytes = 0, decode_bytes = 0;  // bytes that must be read
   // Fidelity on a sample of rows (the last rows of each prefill and every decode row).
   std::int64_t sampled_rows = 0;
-  std::int64_t needle_queries = 0;  // (row, kv head) pairs that asked for a planted block
-  double needle_hit_rate = -1;      // -1: not a needle workload
+  std::int64_t needle_queries = 0;        // (row, kv head) pairs that asked for a planted block
+  double needle_hit_rate = -1;            // -1: not a needle workload
   double recall_mean = 0, recall_p5 = 0;  // share of dense softmax mass in the selected blocks
   double relative_error_mean = 0;         // ||sparse - dense|| / ||dense||, per (row, q head)
 };

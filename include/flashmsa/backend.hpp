@@ -27,9 +27,9 @@ struct BackendCapabilities {
   std::vector<int> block_sizes;
   std::vector<int> head_dims;
   std::vector<int> index_dims;
-  int max_topk_blocks = 0;           // 0: unlimited
-  int max_q_heads_per_kv_head = 0;   // GQA group size; 0: unlimited
-  int max_decode_query_len = 16;     // 1 + speculative tokens
+  int max_topk_blocks = 0;          // 0: unlimited
+  int max_q_heads_per_kv_head = 0;  // GQA group size; 0: unlimited
+  int max_decode_query_len = 16;    // 1 + speculative tokens
 };
 const BackendCapabilities& capabilities(Backend backend) noexcept;
 

@@ -34,12 +34,12 @@ struct CacheManagerOptions {
   std::optional<std::uint64_t> shuffle_seed;
   // Caller-owned buffers; when kv_data is set the manager allocates nothing. Sizes per
   // KvCacheView::buffer_bytes and IndexCacheView::buffer_bytes.
-  void* kv_data = nullptr;        // K (or the packed/stacked buffer)
-  void* v_data = nullptr;         // V, for two-buffer layouts
-  void* kv_scales = nullptr;      // NVFP4 K scales (or packed/stacked scales)
-  void* v_scales = nullptr;       // NVFP4 V scales, two-buffer layouts
+  void* kv_data = nullptr;    // K (or the packed/stacked buffer)
+  void* v_data = nullptr;     // V, for two-buffer layouts
+  void* kv_scales = nullptr;  // NVFP4 K scales (or packed/stacked scales)
+  void* v_scales = nullptr;   // NVFP4 V scales, two-buffer layouts
   void* index_data = nullptr;
-  void* index_scales = nullptr;   // NVFP4 index cache
+  void* index_scales = nullptr;  // NVFP4 index cache
 };
 
 class CacheManager {

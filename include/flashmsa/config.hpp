@@ -68,11 +68,11 @@ struct Config {
   std::string implementation = "triton";  // "triton" or "msa"; recorded for parity only
 
   // ---- FlashMSA ----
-  int head_dim = 128;                       // D of q, k and v
-  DType kv_cache_dtype = DType::kBf16;      // bf16, fp16, fp8_e4m3, fp8_e5m2, nvfp4
-  DType index_cache_dtype = DType::kBf16;   // bf16, fp8_e4m3, nvfp4
-  std::optional<float> softmax_scale;       // unset: 1 / sqrt(head_dim)
-  int rope_dim = 64;                        // partial NeoX RoPE on dims [0, rope_dim)
+  int head_dim = 128;                      // D of q, k and v
+  DType kv_cache_dtype = DType::kBf16;     // bf16, fp16, fp8_e4m3, fp8_e5m2, nvfp4
+  DType index_cache_dtype = DType::kBf16;  // bf16, fp8_e4m3, nvfp4
+  std::optional<float> softmax_scale;      // unset: 1 / sqrt(head_dim)
+  int rope_dim = 64;                       // partial NeoX RoPE on dims [0, rope_dim)
   double rope_theta = 5.0e6;
   double rms_norm_eps = 1.0e-6;
   TopkOrder topk_order = TopkOrder::kAscending;
@@ -91,8 +91,7 @@ struct Config {
   // The layer as rank `rank` of `tp_size` serves it (spec section 1): q heads split evenly; kv
   // heads split when Hkv >= tp and are replicated otherwise; index heads shard like kv heads; the
   // single index-K head is on every rank. Throws Error naming the impossible split.
-  TensorParallelRank for_tensor_parallel(int tp_size, int rank,
-                                         const ModelHeads& model = {}) const;
+  TensorParallelRank for_tensor_parallel(int tp_size, int rank, const ModelHeads& model = {}) const;
 };
 
 struct TensorParallelRank {

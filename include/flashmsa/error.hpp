@@ -58,11 +58,11 @@ std::string concat(const Parts&... parts) {
 }  // namespace flashmsa
 
 // Throws flashmsa::Error(kind) with the streamed message parts when `cond` is false.
-#define FLASHMSA_CHECK_KIND(kind, cond, ...)                                  \
-  do {                                                                        \
-    if (!(cond)) [[unlikely]] {                                               \
+#define FLASHMSA_CHECK_KIND(kind, cond, ...)                                    \
+  do {                                                                          \
+    if (!(cond)) [[unlikely]] {                                                 \
       throw ::flashmsa::Error((kind), ::flashmsa::detail::concat(__VA_ARGS__)); \
-    }                                                                         \
+    }                                                                           \
   } while (0)
 
 // Argument checks: FLASHMSA_CHECK_ARG(n > 0, "num_pages must be > 0, got ", n);
@@ -73,15 +73,15 @@ std::string concat(const Parts&... parts) {
   FLASHMSA_CHECK_KIND(::flashmsa::ErrorKind::kUnsupported, cond, __VA_ARGS__)
 
 // Wraps a CUDA runtime call; only usable where <cuda_runtime.h> is included.
-#define FLASHMSA_CHECK_CUDA(expr)                                                         \
-  do {                                                                                    \
-    const cudaError_t flashmsa_cuda_status_ = (expr);                                     \
-    if (flashmsa_cuda_status_ != cudaSuccess) [[unlikely]] {                              \
-      throw ::flashmsa::Error(                                                            \
-          ::flashmsa::ErrorKind::kCuda,                                                   \
+#define FLASHMSA_CHECK_CUDA(expr)                                                                 \
+  do {                                                                                            \
+    const cudaError_t flashmsa_cuda_status_ = (expr);                                             \
+    if (flashmsa_cuda_status_ != cudaSuccess) [[unlikely]] {                                      \
+      throw ::flashmsa::Error(                                                                    \
+          ::flashmsa::ErrorKind::kCuda,                                                           \
           ::flashmsa::detail::concat(#expr, " failed: ", cudaGetErrorName(flashmsa_cuda_status_), \
-                                     " (", cudaGetErrorString(flashmsa_cuda_status_), ")"));  \
-    }                                                                                     \
+                                     " (", cudaGetErrorString(flashmsa_cuda_status_), ")"));      \
+    }                                                                                             \
   } while (0)
 
 // After a kernel launch: reports launch-configuration errors without synchronising.

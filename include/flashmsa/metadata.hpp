@@ -19,12 +19,12 @@ struct RequestShape {
 inline constexpr int kMaxDecodeQueryLen = 16;
 
 struct BatchMetadata {
-  std::int32_t num_decode_requests = 0;  // real decode requests
+  std::int32_t num_decode_requests = 0;   // real decode requests
   std::int32_t num_padding_requests = 0;  // padding rows after them (length 0)
   std::int32_t num_prefill_requests = 0;
-  std::int32_t decode_query_len = 0;      // 0 when the batch has no decode part
-  std::int64_t num_decode_tokens = 0;     // (decode + padding requests) * decode_query_len
-  std::int64_t num_tokens = 0;            // T
+  std::int32_t decode_query_len = 0;   // 0 when the batch has no decode part
+  std::int64_t num_decode_tokens = 0;  // (decode + padding requests) * decode_query_len
+  std::int64_t num_tokens = 0;         // T
 
   // Per request, in order: decode, padding, prefill. B = size of seq_lens.
   std::vector<std::int32_t> cu_seqlens_q;  // [B + 1], starts at 0

@@ -115,10 +115,9 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
                               const KvCacheView& kv_cache, const PrefillBatch& batch,
                               const TensorView& topk, const AttentionOutputs& outputs,
                               const OpOptions& options = {});
-void sparse_attention_decode(const Config& config, const TensorView& q,
-                             const KvCacheView& kv_cache, const DecodeBatch& batch,
-                             const TensorView& topk, const AttentionOutputs& outputs,
-                             const OpOptions& options = {});
+void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
+                             const DecodeBatch& batch, const TensorView& topk,
+                             const AttentionOutputs& outputs, const OpOptions& options = {});
 
 // Causal GQA attention over every visible key of the same paged cache: the cross-check that
 // sparse attention with full coverage must equal, and the dense baseline.

@@ -49,8 +49,7 @@ void check_tensor(const TensorView& t, std::string_view name, DType dtype, Devic
                   std::initializer_list<std::int64_t> shape);
 
 // The same, accepting any of `dtypes`.
-void check_tensor(const TensorView& t, std::string_view name,
-                  std::initializer_list<DType> dtypes, Device device,
-                  std::initializer_list<std::int64_t> shape);
+void check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
+                  Device device, std::initializer_list<std::int64_t> shape);
 
 }  // namespace flashmsa

@@ -19,8 +19,8 @@ struct CacheManager::Buffer {
       cuda::device_memset(data, 0, size);
     } else {
       data = std::aligned_alloc(256, (size + 255) / 256 * 256);
-      FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, data != nullptr,
-                          "could not allocate ", size, " bytes of host memory for the caches");
+      FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, data != nullptr, "could not allocate ", size,
+                          " bytes of host memory for the caches");
       std::memset(data, 0, size);
     }
   }
@@ -76,16 +76,15 @@ CacheManager::CacheManager(const Config& config, const CacheManagerOptions& opti
       return owned_.back()->data;
     };
     buffers.kv_data = own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape));
-    buffers.v_data = two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape))
-                         : nullptr;
+    buffers.v_data =
+        two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape)) : nullptr;
     if (nvfp4) {
       buffers.kv_scales = own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true));
       buffers.v_scales =
           two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true)) : nullptr;
     }
-    buffers.index_data = own(IndexCacheView::buffer_bytes(index_dtype, index_pages,
-                                                          config.sparse_index_dim, false,
-                                                          page_size_));
+    buffers.index_data = own(IndexCacheView::buffer_bytes(
+        index_dtype, index_pages, config.sparse_index_dim, false, page_size_));
     if (index_dtype == DType::kNvfp4) {
       buffers.index_scales = own(IndexCacheView::buffer_bytes(
           index_dtype, index_pages, config.sparse_index_dim, true, page_size_));
@@ -93,14 +92,14 @@ CacheManager::CacheManager(const Config& config, const CacheManagerOptions& opti
   }
   kv_view_ = KvCacheView::make(options.layout, kv_dtype, shape, buffers.kv_data, buffers.v_data,
                                options.device, buffers.kv_scales, buffers.v_scales);
-  index_view_ = IndexCacheView::make(index_dtype, index_pages, config.sparse_index_dim,
-                                     buffers.index_data, options.device, buffers.index_scales,
-                                     page_size_);
+  index_view_ =
+      IndexCacheView::make(index_dtype, index_pages, config.sparse_index_dim, buffers.index_data,
+                           options.device, buffers.index_scales, page_size_);
   free_ = make_free_list(num_pages_, options.shuffle_seed);
   if (separate_index_) {
-    index_free_ = make_free_list(num_index_pages_,
-                                 options.shuffle_seed ? std::optional(*options.shuffle_seed + 1)
-                                                      : std::nullopt);
+    index_free_ = make_free_list(num_index_pages_, options.shuffle_seed
+                                                       ? std::optional(*options.shuffle_seed + 1)
+                                                       : std::nullopt);
   }
 }
 
@@ -132,9 +131,9 @@ std::int64_t CacheManager::append(RequestId id, std::int64_t num_tokens) {
   const std::int64_t new_length = r.length + num_tokens;
   const std::int64_t need =
       (new_length + page_size_ - 1) / page_size_ - static_cast<std::int64_t>(r.pages.size());
-  FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, need <= free_pages(), "out of cache pages: ",
-                      "request ", id, " needs ", need, " more, ", free_pages(), " of ",
-                      num_pages_, " are free");
+  FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, need <= free_pages(),
+                      "out of cache pages: ", "request ", id, " needs ", need, " more, ",
+                      free_pages(), " of ", num_pages_, " are free");
   FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, !separate_index_ || need <= free_index_pages(),
                       "out of index-cache pages: request ", id, " needs ", need, " more, ",
                       free_index_pages(), " are free");
@@ -159,7 +158,9 @@ void CacheManager::free_request(RequestId id) {
   requests_.erase(id);
 }
 
-std::int64_t CacheManager::length(RequestId id) const { return request(id).length; }
+std::int64_t CacheManager::length(RequestId id) const {
+  return request(id).length;
+}
 
 std::span<const std::int32_t> CacheManager::pages(RequestId id) const {
   return request(id).pages;
@@ -195,9 +196,9 @@ std::vector<std::int32_t> CacheManager::block_table(std::span<const RequestId> i
 std::vector<std::int64_t> CacheManager::slot_mapping(RequestId id, std::int64_t first,
                                                      std::int64_t count, bool index_cache) const {
   const Request& r = request(id);
-  FLASHMSA_CHECK_ARG(first >= 0 && count >= 0 && first + count <= r.length,
-                     "positions [", first, ", ", first + count, ") must lie within request ", id,
-                     "'s ", r.length, " tokens");
+  FLASHMSA_CHECK_ARG(first >= 0 && count >= 0 && first + count <= r.length, "positions [", first,
+                     ", ", first + count, ") must lie within request ", id, "'s ", r.length,
+                     " tokens");
   const auto p = index_cache ? index_pages(id) : pages(id);
   std::vector<std::int64_t> slots(static_cast<std::size_t>(count));
   for (std::int64_t i = 0; i < count; ++i) {
@@ -226,9 +227,9 @@ void CacheManager::check_invariants() const {
       for (std::int32_t p : list) {
         if (p < 0 || p >= n) fail(detail::concat("request ", id, " holds page ", p));
         if (owner[p] != -2) {
-          fail(detail::concat("page ", p, " is owned by request ", id, " and also ",
-                              owner[p] == -1 ? std::string("free")
-                                             : detail::concat("request ", owner[p])));
+          fail(detail::concat(
+              "page ", p, " is owned by request ", id, " and also ",
+              owner[p] == -1 ? std::string("free") : detail::concat("request ", owner[p])));
         }
         owner[p] = id;
       }

@@ -14,7 +14,9 @@ std::int64_t cache_row_bytes(DType dtype, std::int64_t dim) noexcept {
 
 namespace {
 
-std::int64_t scale_row_bytes(std::int64_t dim) { return dim / kNvfp4ScaleGroup; }
+std::int64_t scale_row_bytes(std::int64_t dim) {
+  return dim / kNvfp4ScaleGroup;
+}
 
 CachePlane plane(void* base, std::int64_t offset, std::int64_t page_stride,
                  std::int64_t head_stride, std::int64_t token_stride, std::int64_t row_bytes) {
@@ -76,14 +78,15 @@ void validate_plane(const std::string& name, const CachePlane& pl, std::int64_t 
     std::int64_t span;
     FLASHMSA_CHECK_ARG(checked_mul(d.stride, d.extent - 1, &span) &&
                            !__builtin_add_overflow(max_offset, span, &max_offset),
-                       name, ": the largest offset overflows int64 (", d.what, " ", d.stride,
-                       " x ", d.extent - 1, ")");
+                       name, ": the largest offset overflows int64 (", d.what, " ", d.stride, " x ",
+                       d.extent - 1, ")");
   }
   FLASHMSA_CHECK_ARG(!__builtin_add_overflow(max_offset, pl.row_bytes, &max_offset), name,
                      ": the largest offset overflows int64");
   // Rows must not overlap: with the dimensions ordered by stride, each stride must clear
   // everything the smaller ones span.
-  std::sort(dims.begin(), dims.end(), [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
+  std::sort(dims.begin(), dims.end(),
+            [](const Dim& a, const Dim& b) { return a.stride < b.stride; });
   std::int64_t covered = pl.row_bytes;
   for (const Dim& d : dims) {
     if (d.extent <= 1) continue;
@@ -100,9 +103,8 @@ void check_scale_factor(const char* name, float scale) {
 
 }  // namespace
 
-KvCacheView KvCacheView::make(KvLayout layout, DType dtype, const KvCacheShape& shape,
-                              void* k_data, void* v_data, Device device, void* k_scales,
-                              void* v_scales) {
+KvCacheView KvCacheView::make(KvLayout layout, DType dtype, const KvCacheShape& shape, void* k_data,
+                              void* v_data, Device device, void* k_scales, void* v_scales) {
   KvCacheView view;
   view.dtype = dtype;
   view.device = device;
@@ -138,8 +140,7 @@ void KvCacheView::validate() const {
                      shape.num_pages);
   FLASHMSA_CHECK_ARG(shape.num_kv_heads > 0, "kv_cache.num_kv_heads must be > 0, got ",
                      shape.num_kv_heads);
-  FLASHMSA_CHECK_ARG(shape.page_size > 0, "kv_cache.page_size must be > 0, got ",
-                     shape.page_size);
+  FLASHMSA_CHECK_ARG(shape.page_size > 0, "kv_cache.page_size must be > 0, got ", shape.page_size);
   FLASHMSA_CHECK_ARG(shape.head_dim > 0 && shape.head_dim % 2 == 0,
                      "kv_cache.head_dim must be even and > 0, got ", shape.head_dim);
   const bool nvfp4 = dtype == DType::kNvfp4;
@@ -208,8 +209,7 @@ void IndexCacheView::validate() const {
                    scale_row_bytes(index_dim), 1);
   } else {
     FLASHMSA_CHECK_ARG(block_scale.data == nullptr,
-                       "index_cache.block_scale is only for nvfp4, got it with ",
-                       to_string(dtype));
+                       "index_cache.block_scale is only for nvfp4, got it with ", to_string(dtype));
   }
 }
 

@@ -8,9 +8,9 @@
 #include <limits>
 #include <vector>
 
-#include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/gemm.hpp"
 #include "src/cpu/row_codec.hpp"
+#include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/thread_pool.hpp"
 
 namespace flashmsa::cpu {
@@ -142,9 +142,8 @@ void store_output(const AttentionOutputs& out, std::int64_t t, std::int64_t hq, 
   if (out.lse.data) out.lse.as<float>()[t * out.lse.stride[0] + hq * out.lse.stride[1]] = lse;
 }
 
-void run_task(const Config& config, const TensorView& q, const KvCacheView& kv,
-              const RowPlan& plan, const BlockSelection& select, const AttentionOutputs& out,
-              const Task& task) {
+void run_task(const Config& config, const TensorView& q, const KvCacheView& kv, const RowPlan& plan,
+              const BlockSelection& select, const AttentionOutputs& out, const Task& task) {
   const std::int64_t hq_total = config.resolve_heads().num_attention_heads;
   const std::int64_t group = hq_total / kv.shape.num_kv_heads;
   const std::int64_t d = kv.shape.head_dim, bs = plan.block_size;
@@ -210,8 +209,8 @@ void run_task(const Config& config, const TensorView& q, const KvCacheView& kv,
       const std::int64_t limit = std::min(n, plan.position[task.row_begin + i] - block_start + 1);
       for (std::int64_t g = 0; g < group; ++g) {
         const std::int64_t state = i * group + g;
-        alpha[u * group + g] = softmax_step(s.data() + (u * group + g) * n, limit, n,
-                                            row_max[state], row_sum[state]);
+        alpha[u * group + g] =
+            softmax_step(s.data() + (u * group + g) * n, limit, n, row_max[state], row_sum[state]);
       }
     }
     gemm_nn(m * group, d, n, 1.0f, s.data(), n, vb.data(), d, 0.0f, pv.data(), d);
@@ -243,8 +242,8 @@ void run_task(const Config& config, const TensorView& q, const KvCacheView& kv,
 }  // namespace
 
 void attention_rows(const Config& config, const TensorView& q, const KvCacheView& kv,
-                    const RowPlan& plan, const BlockSelection& select,
-                    const AttentionOutputs& out, int threads) {
+                    const RowPlan& plan, const BlockSelection& select, const AttentionOutputs& out,
+                    int threads) {
   std::vector<Task> tasks;
   // Rows outside every request still get their (empty) output.
   std::vector<char> covered(static_cast<std::size_t>(plan.num_rows()), 0);

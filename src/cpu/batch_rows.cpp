@@ -28,10 +28,10 @@ RowPlan plan_rows(const PrefillBatch& batch, std::int64_t num_rows, std::int64_t
   for (std::int64_t r = 0; r < num_requests; ++r) {
     // Clamp to the rows that exist and that no earlier request claimed.
     const std::int64_t prev_end = r ? plan.row_end.back() : 0;
-    const std::int64_t begin = std::clamp<std::int64_t>(cu[r * batch.cu_seqlens_q.stride[0]],
-                                                        prev_end, num_rows);
-    const std::int64_t end = std::clamp<std::int64_t>(cu[(r + 1) * batch.cu_seqlens_q.stride[0]],
-                                                      begin, num_rows);
+    const std::int64_t begin =
+        std::clamp<std::int64_t>(cu[r * batch.cu_seqlens_q.stride[0]], prev_end, num_rows);
+    const std::int64_t end =
+        std::clamp<std::int64_t>(cu[(r + 1) * batch.cu_seqlens_q.stride[0]], begin, num_rows);
     const std::int64_t len = lens[r * batch.seq_lens.stride[0]];
     plan.row_begin.push_back(begin);
     plan.row_end.push_back(end);

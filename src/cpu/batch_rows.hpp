@@ -14,7 +14,7 @@ namespace flashmsa::cpu {
 
 struct RowPlan {
   std::int64_t block_size = 128;
-  std::vector<std::int64_t> position;  // per row; < 0: the row sees nothing
+  std::vector<std::int64_t> position;            // per row; < 0: the row sees nothing
   std::vector<std::int64_t> row_begin, row_end;  // per request
   const std::int32_t* block_table = nullptr;
   std::int64_t table_row_stride = 0;  // elements

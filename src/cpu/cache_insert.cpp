@@ -27,15 +27,15 @@ void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& 
     const std::int64_t page = slot / page_size, offset = slot % page_size;
     for (std::int64_t h = 0; h < heads; ++h) {
       load_row(k, t, h, dim, row.data());
-      encode_cache_row(cache.dtype, row.data(), dim, cache.k.row(page, h, offset),
-                       cache.k_block_scale.data ? cache.k_block_scale.row(page, h, offset)
-                                                : nullptr,
-                       cache.k_scale);
+      encode_cache_row(
+          cache.dtype, row.data(), dim, cache.k.row(page, h, offset),
+          cache.k_block_scale.data ? cache.k_block_scale.row(page, h, offset) : nullptr,
+          cache.k_scale);
       load_row(v, t, h, dim, row.data());
-      encode_cache_row(cache.dtype, row.data(), dim, cache.v.row(page, h, offset),
-                       cache.v_block_scale.data ? cache.v_block_scale.row(page, h, offset)
-                                                : nullptr,
-                       cache.v_scale);
+      encode_cache_row(
+          cache.dtype, row.data(), dim, cache.v.row(page, h, offset),
+          cache.v_block_scale.data ? cache.v_block_scale.row(page, h, offset) : nullptr,
+          cache.v_scale);
     }
   }
 }

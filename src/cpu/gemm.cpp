@@ -27,27 +27,30 @@ void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const 
              std::int64_t ldc) {
   use_single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-              beta, c, static_cast<int>(ldc));
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
 }
 
 void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc) {
   use_single_threaded_blas();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m),
-              static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
-              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
 }
 
-const char* gemm_library() noexcept { return "OpenBLAS (one thread per call)"; }
+const char* gemm_library() noexcept {
+  return "OpenBLAS (one thread per call)";
+}
 
 #else
 
 namespace {
 void scale_c(std::int64_t m, std::int64_t n, float beta, float* c, std::int64_t ldc) {
   for (std::int64_t i = 0; i < m; ++i) {
-    for (std::int64_t j = 0; j < n; ++j) c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
+    for (std::int64_t j = 0; j < n; ++j)
+      c[i * ldc + j] = beta == 0.0f ? 0.0f : beta * c[i * ldc + j];
   }
 }
 }  // namespace
@@ -77,7 +80,9 @@ void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const 
   }
 }
 
-const char* gemm_library() noexcept { return "built-in loops (no CBLAS found at build time)"; }
+const char* gemm_library() noexcept {
+  return "built-in loops (no CBLAS found at build time)";
+}
 
 #endif
 

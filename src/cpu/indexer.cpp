@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "src/cpu/batch_rows.hpp"
-#include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/gemm.hpp"
 #include "src/cpu/row_codec.hpp"
 #include "src/cpu/selection.hpp"
+#include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/thread_pool.hpp"
 
 namespace flashmsa::cpu {
@@ -63,8 +63,8 @@ std::vector<float> gather_index_keys(const IndexCacheView& cache, const RowPlan&
         }
         for (std::int64_t t = 0; t < bs; ++t) {
           decode_cache_row(cache.dtype, cache.k.row(page, 0, t),
-                           cache.block_scale.data ? cache.block_scale.row(page, 0, t) : nullptr,
-                           di, 1.0f, dst + t * di);
+                           cache.block_scale.data ? cache.block_scale.row(page, 0, t) : nullptr, di,
+                           1.0f, dst + t * di);
         }
       },
       threads);
@@ -99,7 +99,8 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
   for (std::int64_t r = 0; r < plan.num_requests(); ++r) {
     const std::int64_t begin = plan.row_begin[r], end = plan.row_end[r];
     std::int64_t max_position = -1;
-    for (std::int64_t t = begin; t < end; ++t) max_position = std::max(max_position, plan.position[t]);
+    for (std::int64_t t = begin; t < end; ++t)
+      max_position = std::max(max_position, plan.position[t]);
     if (max_position < 0) continue;
     const std::int64_t num_blocks = plan.visible_blocks(max_position);
     const std::vector<float> keys = gather_index_keys(cache, plan, r, num_blocks, threads);
@@ -159,12 +160,13 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
                 }
                 reduced[b] = m;
               }
-              task_selector.select(reduced.data(), nvb,
-                              topk.as<std::int32_t>() + h * topk.stride[0] + t * topk.stride[1],
-                              topk.stride[2]);
+              task_selector.select(
+                  reduced.data(), nvb,
+                  topk.as<std::int32_t>() + h * topk.stride[0] + t * topk.stride[1],
+                  topk.stride[2]);
               if (score_width) {
-                float* out = scores_out.as<float>() + h * scores_out.stride[0] +
-                             t * scores_out.stride[1];
+                float* out =
+                    scores_out.as<float>() + h * scores_out.stride[0] + t * scores_out.stride[1];
                 for (std::int64_t b = 0; b < score_width; ++b) {
                   out[b * scores_out.stride[2]] =
                       b < nvb ? reduced[b] : -std::numeric_limits<float>::infinity();

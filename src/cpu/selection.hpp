@@ -12,10 +12,14 @@
 
 namespace flashmsa::cpu {
 
-inline float rank_key(float s) { return std::isnan(s) ? -1e30f : s; }
+inline float rank_key(float s) {
+  return std::isnan(s) ? -1e30f : s;
+}
 
 // The larger of two scores under rank_key, keeping the winner's raw value.
-inline float rank_max(float a, float b) { return rank_key(b) > rank_key(a) ? b : a; }
+inline float rank_max(float a, float b) {
+  return rank_key(b) > rank_key(a) ? b : a;
+}
 
 struct TopkSelector {
   int topk, init, local;

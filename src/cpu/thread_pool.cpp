@@ -73,7 +73,8 @@ class Pool {
       Job* job;
       {
         std::unique_lock lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || (generation_ != seen && job_ && helpers_wanted_ > 0); });
+        wake_.wait(lock,
+                   [&] { return stop_ || (generation_ != seen && job_ && helpers_wanted_ > 0); });
         if (stop_) return;
         seen = generation_;
         job = job_;
@@ -107,12 +108,11 @@ int hardware_threads() noexcept {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
-void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& task,
-                  int max_threads) {
+void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& task, int max_threads) {
   if (n <= 0) return;
   static Pool pool(hardware_threads() - 1);
-  const int threads = max_threads > 0 ? std::min(max_threads, hardware_threads())
-                                      : hardware_threads();
+  const int threads =
+      max_threads > 0 ? std::min(max_threads, hardware_threads()) : hardware_threads();
   if (threads == 1 || n == 1 || inside_task || pool.size() == 0) {
     for (std::int64_t i = 0; i < n; ++i) task(i);
     return;

@@ -5,7 +5,9 @@
 
 namespace flashmsa::cuda {
 
-bool compiled_with_cuda() noexcept { return true; }
+bool compiled_with_cuda() noexcept {
+  return true;
+}
 
 int visible_device_count() noexcept {
   int count = 0;
@@ -30,8 +32,8 @@ std::optional<std::string> sm90_device_unavailable_reason() {
   cudaDeviceProp prop{};
   FLASHMSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
   if (prop.major != 9 || prop.minor != 0) {
-    return detail::concat("the CUDA backend needs compute capability 9.0 (Hopper), device ",
-                          device, " (", prop.name, ") is ", prop.major, ".", prop.minor);
+    return detail::concat("the CUDA backend needs compute capability 9.0 (Hopper), device ", device,
+                          " (", prop.name, ") is ", prop.major, ".", prop.minor);
   }
   return std::nullopt;
 }
@@ -42,7 +44,9 @@ void* device_malloc(std::size_t bytes) {
   return ptr;
 }
 
-void device_free(void* ptr) noexcept { cudaFree(ptr); }
+void device_free(void* ptr) noexcept {
+  cudaFree(ptr);
+}
 
 void device_memset(void* ptr, int value, std::size_t bytes) {
   FLASHMSA_CHECK_CUDA(cudaMemset(ptr, value, bytes));

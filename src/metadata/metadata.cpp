@@ -11,12 +11,12 @@ BatchMetadata build_batch_metadata(std::span<const RequestShape> decode, int dec
                                    std::int64_t decode_capacity) {
   const auto num_decode = static_cast<std::int64_t>(decode.size());
   const bool has_decode = num_decode > 0 || decode_capacity > 0;
-  FLASHMSA_CHECK_ARG(!has_decode || (decode_query_len >= 1 && decode_query_len <= kMaxDecodeQueryLen),
-                     "decode_query_len must be in [1, ", kMaxDecodeQueryLen, "], got ",
-                     decode_query_len);
+  FLASHMSA_CHECK_ARG(
+      !has_decode || (decode_query_len >= 1 && decode_query_len <= kMaxDecodeQueryLen),
+      "decode_query_len must be in [1, ", kMaxDecodeQueryLen, "], got ", decode_query_len);
   FLASHMSA_CHECK_ARG(decode_capacity == 0 || decode_capacity >= num_decode,
-                     "decode_capacity must be 0 or >= the ", num_decode,
-                     " decode requests, got ", decode_capacity);
+                     "decode_capacity must be 0 or >= the ", num_decode, " decode requests, got ",
+                     decode_capacity);
   constexpr std::int64_t kMax = std::numeric_limits<std::int32_t>::max();
   auto check_request = [&](const RequestShape& r, const char* kind, std::size_t i) {
     FLASHMSA_CHECK_ARG(r.prefix_len >= 0, kind, " request ", i, ": prefix_len must be >= 0, got ",
@@ -24,8 +24,7 @@ BatchMetadata build_batch_metadata(std::span<const RequestShape> decode, int dec
     FLASHMSA_CHECK_ARG(r.query_len >= 1, kind, " request ", i, ": query_len must be >= 1, got ",
                        r.query_len);
     FLASHMSA_CHECK_ARG(r.prefix_len + r.query_len <= kMax, kind, " request ", i,
-                       ": prefix_len + query_len must fit int32, got ",
-                       r.prefix_len + r.query_len);
+                       ": prefix_len + query_len must fit int32, got ", r.prefix_len + r.query_len);
   };
 
   BatchMetadata m;

@@ -71,9 +71,9 @@ struct RandomCaches {
     kv = KvCacheView::make(layout, kv_dtype, shape, k.data(), v.empty() ? nullptr : v.data(),
                            Device::kCpu, k_scales.empty() ? nullptr : k_scales.data(),
                            v_scales.empty() ? nullptr : v_scales.data());
-    ix = IndexCacheView::make(index_dtype, shape.num_pages, index_dim, index.data(), Device::kCpu,
-                              index_scales.empty() ? nullptr : index_scales.data(),
-                              shape.page_size);
+    ix =
+        IndexCacheView::make(index_dtype, shape.num_pages, index_dim, index.data(), Device::kCpu,
+                             index_scales.empty() ? nullptr : index_scales.data(), shape.page_size);
   }
   RandomCaches(const RandomCaches&) = delete;
 
@@ -87,8 +87,8 @@ struct RandomCaches {
   const std::byte* kv_scale_row(int kv_plane, std::int64_t page, std::int64_t head,
                                 std::int64_t token) const {
     const auto& buf = (kv_plane == 1 && two_buffers(layout)) ? v_scales : k_scales;
-    return buf.data() + spec_offset(layout, shape, shape.head_dim / 16, kv_plane, page, head,
-                                    token);
+    return buf.data() +
+           spec_offset(layout, shape, shape.head_dim / 16, kv_plane, page, head, token);
   }
   std::int64_t index_row_bytes() const { return cache_row_bytes(index_dtype, ix.index_dim); }
   const std::byte* index_row(std::int64_t page, std::int64_t token) const {

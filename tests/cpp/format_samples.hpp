@@ -62,9 +62,8 @@ inline std::vector<float> rounding_samples(const fmt::MiniFloatFormat& f, int ra
     push_around(0.5 * (mags[i] + mags[i + 1]));
   }
   push_around(mags.back());
-  for (float s : {0.0f, std::numeric_limits<float>::denorm_min(),
-                  std::numeric_limits<float>::min(), std::numeric_limits<float>::max(),
-                  std::numeric_limits<float>::infinity()}) {
+  for (float s : {0.0f, std::numeric_limits<float>::denorm_min(), std::numeric_limits<float>::min(),
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::infinity()}) {
     out.push_back(s);
     out.push_back(-s);
   }

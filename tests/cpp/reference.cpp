@@ -44,13 +44,17 @@ std::int64_t Table::page(std::int64_t request, std::int64_t block) const {
 
 namespace {
 // The spec's ranking: NaN counts as -1e30.
-double key(double s) { return std::isnan(s) ? -1e30 : s; }
-double rank_max(double a, double b) { return key(b) > key(a) ? b : a; }
+double key(double s) {
+  return std::isnan(s) ? -1e30 : s;
+}
+double rank_max(double a, double b) {
+  return key(b) > key(a) ? b : a;
+}
 }  // namespace
 
 IndexScores index_scores(const Config& c, const std::vector<double>& index_q, std::int64_t row,
-                         std::int64_t position, std::int64_t request,
-                         const IndexCacheView& cache, const Table& table) {
+                         std::int64_t position, std::int64_t request, const IndexCacheView& cache,
+                         const Table& table) {
   const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
   const std::int64_t hidx = c.sparse_num_index_heads, group = hidx / hkv;
   const std::int64_t di = c.sparse_index_dim, bs = c.sparse_block_size;
@@ -63,7 +67,8 @@ IndexScores index_scores(const Config& c, const std::vector<double>& index_q, st
     if (page < 0) continue;  // never read: NaN score
     for (std::int64_t j = b * bs; j <= std::min(position, (b + 1) * bs - 1); ++j) {
       const std::byte* k = cache.k.row(page, 0, j % bs);
-      const std::byte* ks = cache.block_scale.data ? cache.block_scale.row(page, 0, j % bs) : nullptr;
+      const std::byte* ks =
+          cache.block_scale.data ? cache.block_scale.row(page, 0, j % bs) : nullptr;
       for (std::int64_t h = 0; h < hkv; ++h) {
         for (std::int64_t g = 0; g < group; ++g) {
           double dot = 0, mag = 0;
@@ -122,12 +127,15 @@ AttentionRow attention(const Config& c, const std::vector<double>& q_row, std::i
     const std::int64_t page = table.page(request, b);
     for (std::int64_t j = b * bs; j <= std::min(position, (b + 1) * bs - 1); ++j) {
       const std::int64_t o = j % bs;
-      const std::byte* ks = kv.k_block_scale.data ? kv.k_block_scale.row(page, kv_head, o) : nullptr;
-      const std::byte* vs = kv.v_block_scale.data ? kv.v_block_scale.row(page, kv_head, o) : nullptr;
+      const std::byte* ks =
+          kv.k_block_scale.data ? kv.k_block_scale.row(page, kv_head, o) : nullptr;
+      const std::byte* vs =
+          kv.v_block_scale.data ? kv.v_block_scale.row(page, kv_head, o) : nullptr;
       double dot = 0;
       std::vector<double> v(static_cast<std::size_t>(d));
       for (std::int64_t e = 0; e < d; ++e) {
-        dot += q_row[e] * test::decode_element(kv.dtype, kv.k.row(page, kv_head, o), ks, e, kv.k_scale);
+        dot += q_row[e] *
+               test::decode_element(kv.dtype, kv.k.row(page, kv_head, o), ks, e, kv.k_scale);
         v[e] = test::decode_element(kv.dtype, kv.v.row(page, kv_head, o), vs, e, kv.v_scale);
       }
       logits.push_back(scale * dot);

@@ -36,8 +36,8 @@ struct IndexScores {
   std::int64_t nvb = 0;
 };
 IndexScores index_scores(const Config& c, const std::vector<double>& index_q, std::int64_t row,
-                         std::int64_t position, std::int64_t request,
-                         const IndexCacheView& cache, const Table& table);
+                         std::int64_t position, std::int64_t request, const IndexCacheView& cache,
+                         const Table& table);
 
 // Top-k of one kv head's block scores with forcing and the spec's total order, in topk_order.
 std::vector<std::int32_t> select_topk(const Config& c, const std::vector<double>& scores,

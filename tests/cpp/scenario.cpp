@@ -29,8 +29,7 @@ std::vector<std::uint16_t> random_bf16(std::size_t n, std::mt19937_64& rng, floa
 
 // Builds the manager, writes every request's tokens, and the random queries.
 Scenario build(const Config& config, const std::vector<std::int64_t>& lengths,
-               const std::vector<std::int64_t>& query_lens, std::uint64_t seed,
-               KvLayout layout) {
+               const std::vector<std::int64_t>& query_lens, std::uint64_t seed, KvLayout layout) {
   Scenario s;
   s.config = config;
   const auto heads = config.resolve_heads();

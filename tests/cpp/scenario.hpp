@@ -24,16 +24,14 @@ struct Scenario {
   int decode_query_len = 0;  // 0: a prefill batch
   std::int64_t num_rows = 0;
   ref::Rows rows;
-  std::vector<std::uint16_t> q;        // [T, Hq, D] bf16
-  std::vector<std::uint8_t> index_q;   // [T, Hidx, Di] bf16 (2 bytes each) or e4m3
+  std::vector<std::uint16_t> q;       // [T, Hq, D] bf16
+  std::vector<std::uint8_t> index_q;  // [T, Hidx, Di] bf16 (2 bytes each) or e4m3
   std::vector<double> q_values, index_q_values;
 
   DType index_q_dtype() const {
     return config.indexer_kv_dtype == "fp8" ? DType::kFp8E4m3 : DType::kBf16;
   }
-  ref::Table table() const {
-    return {&block_table, max_blocks, cm->num_pages()};
-  }
+  ref::Table table() const { return {&block_table, max_blocks, cm->num_pages()}; }
   TensorView q_view() const;
   TensorView index_q_view() const;
   PrefillBatch prefill_batch() const;

@@ -17,9 +17,9 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
-#include "tests/cpp/error_message.hpp"
 #include "flashmsa/formats.hpp"
 #include "flashmsa/ops.hpp"
+#include "tests/cpp/error_message.hpp"
 #include "tests/cpp/scenario.hpp"
 
 namespace flashmsa {
@@ -33,8 +33,10 @@ struct AttnRun {
   DType dtype;
   float value(std::int64_t i) const {
     switch (dtype) {
-      case DType::kBf16: return fmt::bf16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
-      case DType::kFp16: return fmt::fp16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
+      case DType::kBf16:
+        return fmt::bf16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
+      case DType::kFp16:
+        return fmt::fp16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
       default: return reinterpret_cast<const float*>(out.data())[i];
     }
   }
@@ -57,8 +59,8 @@ AttnRun run_attention(const Scenario& s, Kind kind, const std::vector<std::int32
     dense_attention(s.config, s.q_view(), kv, s.prefill_batch(), out, {.checked = true});
     return run;
   }
-  const auto tk = TensorView::contiguous(topk->data(), DType::kInt32,
-                                         {h.num_key_value_heads, T, topk_width});
+  const auto tk =
+      TensorView::contiguous(topk->data(), DType::kInt32, {h.num_key_value_heads, T, topk_width});
   if (s.decode_query_len) {
     sparse_attention_decode(s.config, s.q_view(), kv, s.decode_batch(), tk, out);
   } else {
@@ -151,11 +153,13 @@ struct AttnCase {
   KvLayout layout;
   DType out_dtype;
 };
-void PrintTo(const AttnCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class Attention : public ::testing::TestWithParam<AttnCase> {};
 
-const std::vector<RequestShape> kGrid{{0, 1},   {0, 127},  {0, 129},  {100, 157},
+const std::vector<RequestShape> kGrid{{0, 1},    {0, 127},  {0, 129}, {100, 157},
                                       {1900, 3}, {2040, 9}, {4000, 5}};
 
 TEST_P(Attention, SparsePrefillWithIndexerSelectionMatchesOracle) {
@@ -182,15 +186,13 @@ TEST_P(Attention, SparseDecodeWithPaddingMatchesOracle) {
 
 INSTANTIATE_TEST_SUITE_P(
     CacheDtypesAndLayouts, Attention,
-    ::testing::Values(AttnCase{"bf16_packed_bf16", DType::kBf16, KvLayout::kPacked, DType::kBf16},
-                      AttnCase{"bf16_token_major_fp32", DType::kBf16, KvLayout::kTokenMajor,
-                               DType::kFp32},
-                      AttnCase{"fp16_separate_fp16", DType::kFp16, KvLayout::kSeparate,
-                               DType::kFp16},
-                      AttnCase{"e4m3_stacked_bf16", DType::kFp8E4m3, KvLayout::kStacked,
-                               DType::kBf16},
-                      AttnCase{"e5m2_packed_bf16", DType::kFp8E5m2, KvLayout::kPacked, DType::kBf16},
-                      AttnCase{"nvfp4_packed_bf16", DType::kNvfp4, KvLayout::kPacked, DType::kBf16}),
+    ::testing::Values(
+        AttnCase{"bf16_packed_bf16", DType::kBf16, KvLayout::kPacked, DType::kBf16},
+        AttnCase{"bf16_token_major_fp32", DType::kBf16, KvLayout::kTokenMajor, DType::kFp32},
+        AttnCase{"fp16_separate_fp16", DType::kFp16, KvLayout::kSeparate, DType::kFp16},
+        AttnCase{"e4m3_stacked_bf16", DType::kFp8E4m3, KvLayout::kStacked, DType::kBf16},
+        AttnCase{"e5m2_packed_bf16", DType::kFp8E5m2, KvLayout::kPacked, DType::kBf16},
+        AttnCase{"nvfp4_packed_bf16", DType::kNvfp4, KvLayout::kPacked, DType::kBf16}),
     [](const ::testing::TestParamInfo<AttnCase>& param_info) { return param_info.param.name; });
 
 // Hand-made top-k lists: -1, out-of-range, invisible and repeated ids, rows with nothing valid.
@@ -213,8 +215,8 @@ TEST(Attention, AdversarialTopkListsAreIgnoredNotRead) {
   const auto cache_bytes = [&] {
     const auto& kv = s.cm->kv_cache();
     const auto* p = static_cast<const std::uint8_t*>(kv.k.data);
-    return std::vector<std::uint8_t>(p, p + KvCacheView::buffer_bytes(KvLayout::kPacked,
-                                                                       kv.dtype, kv.shape));
+    return std::vector<std::uint8_t>(
+        p, p + KvCacheView::buffer_bytes(KvLayout::kPacked, kv.dtype, kv.shape));
   };
   const auto before = cache_bytes();
   const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, DType::kBf16);
@@ -262,16 +264,15 @@ TEST(Attention, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
     std::vector<std::uint8_t> scales(static_cast<std::size_t>(scale_bytes), 0xAA);
     AttentionOutputs out;
     out.out = TensorView::contiguous(codes.data(), DType::kFp8E4m3, {T, cols});
-    out.mxfp8_scales =
-        layout == fmt::ScaleLayout::kRowMajor
-            ? TensorView::contiguous(scales.data(), DType::kUint8, {T, scale_cols})
-            : TensorView::contiguous(scales.data(), DType::kUint8, {scale_bytes});
+    out.mxfp8_scales = layout == fmt::ScaleLayout::kRowMajor
+                           ? TensorView::contiguous(scales.data(), DType::kUint8, {T, scale_cols})
+                           : TensorView::contiguous(scales.data(), DType::kUint8, {scale_bytes});
     out.mxfp8_scale_layout = layout;
     sparse_attention_decode(c, s.q_view(), s.cm->kv_cache(), s.decode_batch(),
                             TensorView::contiguous(topk.data(), DType::kInt32, {4, T, 16}), out);
     std::vector<std::uint8_t> want_codes(codes.size()), want_scales(scales.size(), 0xAA);
-    fmt::mxfp8_quantize_rows(reinterpret_cast<const std::uint16_t*>(bf16.out.data()), T, cols,
-                             cols, want_codes.data(), want_scales.data(), layout);
+    fmt::mxfp8_quantize_rows(reinterpret_cast<const std::uint16_t*>(bf16.out.data()), T, cols, cols,
+                             want_codes.data(), want_scales.data(), layout);
     EXPECT_EQ(codes, want_codes);
     EXPECT_EQ(scales, want_scales);
   }

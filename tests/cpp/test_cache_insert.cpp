@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
-#include "tests/cpp/error_message.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/cache_test_util.hpp"
+#include "tests/cpp/error_message.hpp"
 
 namespace flashmsa {
 namespace {
@@ -163,8 +163,8 @@ INSTANTIATE_TEST_SUITE_P(
     AllDtypesAndLayouts, InsertKv,
     ::testing::Combine(::testing::Values(DType::kBf16, DType::kFp16, DType::kFp8E4m3,
                                          DType::kFp8E5m2, DType::kNvfp4),
-                       ::testing::Values(KvLayout::kPacked, KvLayout::kSeparate,
-                                         KvLayout::kStacked, KvLayout::kTokenMajor)),
+                       ::testing::Values(KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked,
+                                         KvLayout::kTokenMajor)),
     [](const ::testing::TestParamInfo<std::tuple<DType, KvLayout>>& param_info) {
       return std::string(to_string(std::get<0>(param_info.param))) + "_" +
              layout_name(std::get<1>(param_info.param));
@@ -192,7 +192,8 @@ TEST(InsertIndexK, EveryIndexDtype) {
         ASSERT_EQ(std::memcmp(got, before.data() + s * row, static_cast<std::size_t>(row)), 0);
         if (dtype == DType::kNvfp4) {
           ASSERT_EQ(std::memcmp(caches.index_scale_row(s / 128, s % 128),
-                                scales_before.data() + s * 8, 8), 0);
+                                scales_before.data() + s * 8, 8),
+                    0);
         }
         continue;
       }
@@ -251,8 +252,8 @@ TEST(InsertKv, ArgumentErrorsNameTheArgument) {
             }),
             "v must have shape [3, 4, 128], got [2, 4, 128]");
   EXPECT_EQ(test::error_message([&] {
-              insert_kv(caches.kv, TensorView::contiguous(k.data(), DType::kBf16, {3, 4, 128},
-                                                          Device::kCuda),
+              insert_kv(caches.kv,
+                        TensorView::contiguous(k.data(), DType::kBf16, {3, 4, 128}, Device::kCuda),
                         good_k, good_slots);
             }),
             "k must be on cpu, got cuda");

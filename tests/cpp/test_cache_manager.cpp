@@ -101,8 +101,8 @@ TEST(CacheManager, CallerBuffersAndDeviceChoice) {
 TEST(CacheManager, RandomizedSoak) {
   const auto start = std::chrono::steady_clock::now();
   Config c;
-  CacheManager cm(c, {.num_pages = 96, .separate_index_pages = true, .num_index_pages = 80,
-                      .shuffle_seed = 3});
+  CacheManager cm(
+      c, {.num_pages = 96, .separate_index_pages = true, .num_index_pages = 80, .shuffle_seed = 3});
   std::mt19937_64 rng(2026);
   std::vector<CacheManager::RequestId> live;
   std::int64_t ops = 0, out_of_pages = 0;
@@ -136,8 +136,8 @@ TEST(CacheManager, RandomizedSoak) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_GT(out_of_pages, 20);  // the pool really ran dry, repeatedly
   RecordProperty("operations", static_cast<int>(ops));
-  std::printf("soak: %lld operations (%lld out-of-pages) in %.2f s\n",
-              static_cast<long long>(ops), static_cast<long long>(out_of_pages), seconds);
+  std::printf("soak: %lld operations (%lld out-of-pages) in %.2f s\n", static_cast<long long>(ops),
+              static_cast<long long>(out_of_pages), seconds);
 }
 
 }  // namespace

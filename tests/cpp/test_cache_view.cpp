@@ -27,23 +27,24 @@ std::string expect_error(const std::function<void()>& f) {
 TEST(CacheView, LayoutsAddressRowsAsTheSpecSays) {
   const KvCacheShape s{5, 3, 64, 16};
   for (DType dtype : {DType::kBf16, DType::kFp8E4m3, DType::kNvfp4}) {
-    for (KvLayout layout : {KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked,
-                            KvLayout::kTokenMajor}) {
+    for (KvLayout layout :
+         {KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked, KvLayout::kTokenMajor}) {
       const bool nvfp4 = dtype == DType::kNvfp4;
       std::vector<std::byte> k(KvCacheView::buffer_bytes(layout, dtype, s));
       std::vector<std::byte> v(k.size());
       std::vector<std::byte> ks(nvfp4 ? KvCacheView::buffer_bytes(layout, dtype, s, true) : 0);
       std::vector<std::byte> vs(ks.size());
-      const KvCacheView view = KvCacheView::make(layout, dtype, s, k.data(), v.data(),
-                                                 Device::kCpu, nvfp4 ? ks.data() : nullptr,
-                                                 nvfp4 ? vs.data() : nullptr);
+      const KvCacheView view =
+          KvCacheView::make(layout, dtype, s, k.data(), v.data(), Device::kCpu,
+                            nvfp4 ? ks.data() : nullptr, nvfp4 ? vs.data() : nullptr);
       const bool two = layout == KvLayout::kSeparate || layout == KvLayout::kTokenMajor;
       const std::int64_t row = cache_row_bytes(dtype, s.head_dim);
       EXPECT_EQ(view.k.row_bytes, row);
       for (std::int64_t p = 0; p < s.num_pages; ++p) {
         for (std::int64_t h = 0; h < s.num_kv_heads; ++h) {
           for (std::int64_t t = 0; t < s.page_size; ++t) {
-            ASSERT_EQ(view.k.row(p, h, t) - k.data(), test::spec_offset(layout, s, row, 0, p, h, t));
+            ASSERT_EQ(view.k.row(p, h, t) - k.data(),
+                      test::spec_offset(layout, s, row, 0, p, h, t));
             ASSERT_EQ(view.v.row(p, h, t) - (two ? v.data() : k.data()),
                       test::spec_offset(layout, s, row, 1, p, h, t));
             if (nvfp4) {
@@ -80,8 +81,9 @@ TEST(CacheView, ValidationNamesThePlaneAndTheRule) {
 
   KvCacheView bad = good;
   bad.k.token_stride = 128;  // rows of 256 bytes 128 apart overlap
-  EXPECT_NE(expect_error([&] { bad.validate(); }).find("kv_cache.k.token_stride (128) makes rows "
-                                                       "overlap"),
+  EXPECT_NE(expect_error([&] { bad.validate(); })
+                .find("kv_cache.k.token_stride (128) makes rows "
+                      "overlap"),
             std::string::npos);
   bad = good;
   bad.v.data = nullptr;
@@ -110,11 +112,13 @@ TEST(CacheView, ValidationNamesThePlaneAndTheRule) {
   // Index cache.
   std::vector<std::uint8_t> idx(IndexCacheView::buffer_bytes(DType::kFp8E4m3, 3, 128));
   EXPECT_NO_THROW(IndexCacheView::make(DType::kFp8E4m3, 3, 128, idx.data()));
-  EXPECT_NE(expect_error([&] { IndexCacheView::make(DType::kFp16, 3, 128, idx.data()); })
-                .find("index_cache.dtype must be one of bf16, fp8_e4m3, nvfp4, got fp16"),
+  EXPECT_NE(expect_error([&] {
+              IndexCacheView::make(DType::kFp16, 3, 128, idx.data());
+            }).find("index_cache.dtype must be one of bf16, fp8_e4m3, nvfp4, got fp16"),
             std::string::npos);
-  EXPECT_NE(expect_error([&] { IndexCacheView::make(DType::kBf16, 3, 128, nullptr); })
-                .find("index_cache.k.data must be non-null"),
+  EXPECT_NE(expect_error([&] {
+              IndexCacheView::make(DType::kBf16, 3, 128, nullptr);
+            }).find("index_cache.k.data must be non-null"),
             std::string::npos);
 }
 

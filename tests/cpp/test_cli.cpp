@@ -2,10 +2,10 @@
 // report and its JSON, and the command line's argument errors and exit codes.
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
 #include <array>
 #include <cstdio>
 #include <string>
-#include <sys/wait.h>
 
 #include "tools/serve_sim.hpp"
 
@@ -48,9 +48,9 @@ TEST(Cli, EasyNeedleIsAlwaysFound) {
   EXPECT_EQ(r.needle_hit_rate, 1.0);
   EXPECT_GT(r.recall_mean, 0.5);
   const std::string json = tools::report_json(r, o);
-  for (const char* field : {"\"needle_hit_rate\": 1", "\"workload\": \"needle\"",
-                            "\"prefill\": {\"tokens\": 3072", "\"decode_query_len\": 2",
-                            "\"recall_p5\"", "\"producer_s\"", "\"bytes_per_s\""}) {
+  for (const char* field :
+       {"\"needle_hit_rate\": 1", "\"workload\": \"needle\"", "\"prefill\": {\"tokens\": 3072",
+        "\"decode_query_len\": 2", "\"recall_p5\"", "\"producer_s\"", "\"bytes_per_s\""}) {
     EXPECT_NE(json.find(field), std::string::npos) << field << "\n" << json;
   }
 }

@@ -75,8 +75,9 @@ TEST(Config, EveryProblemIsReportedAtOnceWithFieldValueAndRule) {
   EXPECT_TRUE(has_problem(c, "sparse_block_size must be a power of two"));
   EXPECT_TRUE(has_problem(c, "sparse_score_type must be \"max\""));
   EXPECT_TRUE(has_problem(c, "sparse_disable_index_value must be true"));
-  EXPECT_TRUE(has_problem(c, "sparse_init_blocks + sparse_local_blocks must be <= "
-                             "sparse_topk_blocks (16), got 17"));
+  EXPECT_TRUE(has_problem(c,
+                          "sparse_init_blocks + sparse_local_blocks must be <= "
+                          "sparse_topk_blocks (16), got 17"));
   EXPECT_TRUE(has_problem(c, "rms_norm_eps must be finite and > 0, got -1"));
   try {
     c.check();
@@ -95,8 +96,9 @@ TEST(Config, HeadRules) {
   EXPECT_TRUE(has_problem(c, "num_attention_heads must be a multiple of num_key_value_heads (4)"));
   c = Config{};
   c.sparse_num_index_heads = 6;
-  EXPECT_TRUE(has_problem(c, "sparse_num_index_heads must be equal to or a multiple of "
-                             "num_key_value_heads (4), got 6"));
+  EXPECT_TRUE(has_problem(c,
+                          "sparse_num_index_heads must be equal to or a multiple of "
+                          "num_key_value_heads (4), got 6"));
   c.sparse_num_index_heads = 8;  // g = 2 index heads per kv head: allowed (max-reduced)
   EXPECT_TRUE(c.validate().empty());
   c = Config{};
@@ -134,8 +136,9 @@ TEST(Config, Fp8IndexerAndFusedProjectionDependencies) {
 TEST(Config, DtypeRules) {
   Config c;
   c.kv_cache_dtype = DType::kFp32;
-  EXPECT_TRUE(has_problem(c, "kv_cache_dtype must be one of bf16, fp16, fp8_e4m3, fp8_e5m2, "
-                             "nvfp4, got fp32"));
+  EXPECT_TRUE(has_problem(c,
+                          "kv_cache_dtype must be one of bf16, fp16, fp8_e4m3, fp8_e5m2, "
+                          "nvfp4, got fp32"));
   c = Config{};
   c.index_cache_dtype = DType::kFp16;
   EXPECT_TRUE(has_problem(c, "index_cache_dtype must be one of bf16, fp8_e4m3, nvfp4, got fp16"));

@@ -95,11 +95,15 @@ std::vector<FormatCase> all_formats() {
   };
 }
 
-void PrintTo(const FormatCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const FormatCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 class FormatTest : public ::testing::TestWithParam<FormatCase> {};
 
-std::uint32_t code_count(const MiniFloatFormat& f) { return 1u << (1 + f.exp_bits + f.man_bits); }
+std::uint32_t code_count(const MiniFloatFormat& f) {
+  return 1u << (1 + f.exp_bits + f.man_bits);
+}
 
 // Every code decodes to its defined value, and re-encoding gives the same code (NaN codes give
 // the format's canonical NaN).
@@ -139,8 +143,8 @@ TEST_P(FormatTest, RoundsToNearestEvenLikeTheOracle) {
     for (float x : samples) {
       const std::uint32_t want = oracle_round(f, x, s);
       const std::uint32_t got = fc.encode(x, s);
-      ASSERT_EQ(got, want) << fc.name << " x=" << x << " (bits 0x" << std::hex
-                           << fmt::float_bits(x) << ") saturation " << static_cast<int>(s);
+      ASSERT_EQ(got, want) << fc.name << " x=" << x << " (bits 0x" << std::hex << fmt::float_bits(x)
+                           << ") saturation " << static_cast<int>(s);
       ++checked;
     }
     EXPECT_GT(checked, 100000u);
@@ -271,8 +275,8 @@ TEST(Formats, Nvfp4GroupMatchesDefinition) {
     for (float v : x) {
       if (!std::isnan(v)) amax = std::max(amax, std::fabs(v));
     }
-    const std::uint32_t want_scale = oracle_round(fmt::kE4m3Format, amax / 6.0f,
-                                                  Saturation::kFinite);
+    const std::uint32_t want_scale =
+        oracle_round(fmt::kE4m3Format, amax / 6.0f, Saturation::kFinite);
     ASSERT_EQ(s_code, want_scale) << "trial " << trial;
     const float s = static_cast<float>(test::decode_by_definition(fmt::kE4m3Format, s_code));
     for (int i = 0; i < 16; ++i) {
@@ -325,8 +329,8 @@ TEST(Formats, Mxfp8RceilScaleBoundaries) {
   for (std::uint8_t c : codes) EXPECT_EQ(c, 0);
   // NaN elements are skipped by the amax and become E4M3 NaN.
   auto with_nan = bf16_group({NAN, 2.0f});
-  EXPECT_EQ(fmt::mxfp8_quantize_group(with_nan.data(), codes), fmt::float_to_e8m0(
-                2.0f * fmt::bits_float(fmt::kRcp448Bits), fmt::E8m0Rounding::kUp));
+  EXPECT_EQ(fmt::mxfp8_quantize_group(with_nan.data(), codes),
+            fmt::float_to_e8m0(2.0f * fmt::bits_float(fmt::kRcp448Bits), fmt::E8m0Rounding::kUp));
   EXPECT_EQ(codes[0], 0x7F);
 }
 

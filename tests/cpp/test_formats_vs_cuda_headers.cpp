@@ -21,8 +21,8 @@ using fmt::Saturation;
 
 std::vector<float> samples() {
   std::vector<float> all;
-  for (const auto* f : {&fmt::kBf16Format, &fmt::kFp16Format, &fmt::kE4m3Format,
-                        &fmt::kE5m2Format, &fmt::kE2m1Format}) {
+  for (const auto* f : {&fmt::kBf16Format, &fmt::kFp16Format, &fmt::kE4m3Format, &fmt::kE5m2Format,
+                        &fmt::kE2m1Format}) {
     auto s = test::rounding_samples(*f, 1 << 16, 2024);
     all.insert(all.end(), s.begin(), s.end());
   }
@@ -50,7 +50,9 @@ TEST(FormatsVsCudaHeaders, EncodeMatchesOverEveryBoundary) {
   }
 }
 
-float half_raw_to_float(__half_raw h) { return __half2float(__half(h)); }
+float half_raw_to_float(__half_raw h) {
+  return __half2float(__half(h));
+}
 
 TEST(FormatsVsCudaHeaders, DecodeMatchesForEveryCode) {
   for (std::uint32_t c = 0; c < 65536; ++c) {

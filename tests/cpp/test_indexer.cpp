@@ -36,9 +36,9 @@ IndexRun run_indexer(const Scenario& s) {
   run.width = s.max_blocks + 2;
   run.topk.assign(static_cast<std::size_t>(hkv * s.num_rows * k), 0x5A5A5A5A);  // poison
   run.scores.assign(static_cast<std::size_t>(hkv * s.num_rows * run.width), 12345.0f);
-  IndexOutputs out{TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
-                   TensorView::contiguous(run.scores.data(), DType::kFp32,
-                                          {hkv, s.num_rows, run.width})};
+  IndexOutputs out{
+      TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
+      TensorView::contiguous(run.scores.data(), DType::kFp32, {hkv, s.num_rows, run.width})};
   if (s.decode_query_len) {
     index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out,
                  {.checked = true});
@@ -155,7 +155,9 @@ struct IndexCase {
   int init, local, index_heads;
 };
 
-void PrintTo(const IndexCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const IndexCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 Config config_for(const IndexCase& ic) {
   Config c;
@@ -177,9 +179,9 @@ class Indexer : public ::testing::TestWithParam<IndexCase> {};
 // with chunked requests (a cached prefix) for the long ones.
 TEST_P(Indexer, PrefillMatchesOracleOverTheEdgeGrid) {
   const Config c = config_for(GetParam());
-  const std::vector<RequestShape> requests{
-      {0, 1},    {0, 127},   {0, 128},    {0, 129},    {100, 155}, {0, 256},   {200, 57},
-      {1900, 8}, {2040, 7},  {2000, 48},  {2040, 9},   {4000, 97}};
+  const std::vector<RequestShape> requests{{0, 1},     {0, 127},   {0, 128},  {0, 129},
+                                           {100, 155}, {0, 256},   {200, 57}, {1900, 8},
+                                           {2040, 7},  {2000, 48}, {2040, 9}, {4000, 97}};
   const Scenario s = test::make_prefill(c, requests, 31);
   const IndexRun run = run_indexer(s);
   check_properties(s, run);
@@ -232,9 +234,9 @@ TEST(Indexer, NanInfTiesAndSignedZeros) {
       for (std::int64_t d = 0; d < 128; ++d) row[d] = fmt::float_to_bf16(value);
     }
   };
-  set_block(1, NAN);        // all-NaN block: ranks as -1e30
-  set_block(2, INFINITY);   // +/-Inf dots (or NaN where q_d = 0 signs mix)
-  set_block(3, 0.0f);       // exact zero scores: ties, broken by smaller id
+  set_block(1, NAN);       // all-NaN block: ranks as -1e30
+  set_block(2, INFINITY);  // +/-Inf dots (or NaN where q_d = 0 signs mix)
+  set_block(3, 0.0f);      // exact zero scores: ties, broken by smaller id
   set_block(4, -0.0f);
   set_block(5, 0.0f);
   const IndexRun run = run_indexer(s);
@@ -286,7 +288,8 @@ TEST(Indexer, ArgumentErrors) {
     index_prefill(fp8, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out);
     FAIL();
   } catch (const Error& e) {
-    EXPECT_EQ(e.message(), "index_cache.dtype must be fp8_e4m3 (config.index_cache_dtype), got bf16");
+    EXPECT_EQ(e.message(),
+              "index_cache.dtype must be fp8_e4m3 (config.index_cache_dtype), got bf16");
   }
 }
 

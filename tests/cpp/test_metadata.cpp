@@ -3,8 +3,8 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
-#include "tests/cpp/error_message.hpp"
 #include "flashmsa/metadata.hpp"
+#include "tests/cpp/error_message.hpp"
 
 namespace flashmsa {
 namespace {
@@ -47,7 +47,9 @@ TEST(Metadata, RejectsInconsistentInput) {
             "decode request 1: query_len must equal decode_query_len (1), got 2");
   EXPECT_EQ(test::error_message([&] { build_batch_metadata(d, 17, {}); }),
             "decode_query_len must be in [1, 16], got 17");
-  EXPECT_EQ(test::error_message([&] { build_batch_metadata(std::vector<RequestShape>{{1, 1}}, 1, {}, 0); }),
+  EXPECT_EQ(test::error_message([&] {
+              build_batch_metadata(std::vector<RequestShape>{{1, 1}}, 1, {}, 0);
+            }),
             "no error");
   EXPECT_EQ(test::error_message([&] { build_batch_metadata(d, 2, {}, 1); }),
             "decode_capacity must be 0 or >= the 2 decode requests, got 1");

@@ -34,7 +34,9 @@ struct ProducerCase {
   bool separate_index_slots;
 };
 
-void PrintTo(const ProducerCase& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const ProducerCase& c, std::ostream* os) {
+  *os << c.name;
+}
 
 // The fp64 oracle for one head vector: Gemma RMSNorm then NeoX RoPE on [0, rope_dim), with the
 // engines' fp32 angle (float(p) * fp32 inv_freq) and exact cos/sin.
@@ -51,7 +53,8 @@ std::vector<double> oracle_head(const Config& c, const std::vector<double>& x,
   for (int i = 0; i < half; ++i) {
     const auto inv_freq = static_cast<float>(std::pow(c.rope_theta, -2.0 * i / c.rope_dim));
     const float angle = static_cast<float>(position) * inv_freq;
-    const double cs = std::cos(static_cast<double>(angle)), sn = std::sin(static_cast<double>(angle));
+    const double cs = std::cos(static_cast<double>(angle)),
+                 sn = std::sin(static_cast<double>(angle));
     out[i] = y[i] * cs - y[i + half] * sn;
     out[i + half] = y[i + half] * cs + y[i] * sn;
   }
@@ -73,13 +76,13 @@ std::vector<double> oracle_head(const Config& c, const std::vector<double>& x,
       for (int i = 0; i < 16; ++i) {
         const double want = y[g * 16 + i];
         honest_err = std::max(honest_err, std::fabs(fmt::nvfp4_element(packed, s, i) - want));
-        err = std::max(err, std::fabs(test::decode_element(dtype, row, scale_row, g * 16 + i, 1) -
-                                      want));
+        err = std::max(
+            err, std::fabs(test::decode_element(dtype, row, scale_row, g * 16 + i, 1) - want));
         amax = std::max(amax, std::fabs(want));
       }
       if (err > 2 * honest_err + 1e-6 * amax) {
-        return ::testing::AssertionFailure() << "nvfp4 group " << g << ": error " << err
-                                             << " > 2 x honest " << honest_err;
+        return ::testing::AssertionFailure()
+               << "nvfp4 group " << g << ": error " << err << " > 2 x honest " << honest_err;
       }
     }
     return ::testing::AssertionSuccess();
@@ -125,10 +128,9 @@ TEST_P(Producer, MatchesTheFp64OracleAndWritesOnlyItsRows) {
   }
   std::vector<std::uint16_t> weights(static_cast<std::size_t>(2 * D + 2 * Di));
   for (auto& w : weights) w = fmt::float_to_bf16(0.3f * normal(rng));
-  const std::vector<std::int64_t> positions{0,    1,     127,   128,     129,    5000,
-                                            7,    65535, 65536, 300000,  999999, 1048575,
-                                            2,    3,     4,     5,       6,      8,
-                                            9,    10,    11,    2097151, 12,     13};
+  const std::vector<std::int64_t> positions{0,     1,      127,    128,     129, 5000,    7,  65535,
+                                            65536, 300000, 999999, 1048575, 2,   3,       4,  5,
+                                            6,     8,      9,      10,      11,  2097151, 12, 13};
   // Scattered slots; row 4 is padding, row 6 beyond the capacity.
   std::vector<std::int64_t> slots(static_cast<std::size_t>(T));
   std::vector<std::int64_t> all(static_cast<std::size_t>(caches.kv.capacity_tokens()));
@@ -182,17 +184,16 @@ TEST_P(Producer, MatchesTheFp64OracleAndWritesOnlyItsRows) {
     for (std::int64_t h = 0; h < Hq; ++h) {
       const auto y = oracle_head(c, input_head(t, h * D, D), wq, positions[t]);
       ASSERT_TRUE(row_matches(DType::kBf16,
-                              reinterpret_cast<const std::byte*>(&q_out[(t * Hq + h) * D]),
-                              nullptr, y, 1.0))
+                              reinterpret_cast<const std::byte*>(&q_out[(t * Hq + h) * D]), nullptr,
+                              y, 1.0))
           << "q token " << t << " head " << h;
     }
     for (std::int64_t h = 0; h < Hidx; ++h) {
       const auto y = oracle_head(c, input_head(t, iq_off + h * Di, Di), wiq, positions[t]);
       const std::int64_t elem = iq_dtype == DType::kBf16 ? 2 : 1;
-      ASSERT_TRUE(row_matches(iq_dtype,
-                              reinterpret_cast<const std::byte*>(iq_out.data()) +
-                                  (t * Hidx + h) * Di * elem,
-                              nullptr, y, 1.0))
+      ASSERT_TRUE(row_matches(
+          iq_dtype, reinterpret_cast<const std::byte*>(iq_out.data()) + (t * Hidx + h) * Di * elem,
+          nullptr, y, 1.0))
           << "index_q token " << t << " head " << h;
     }
   }
@@ -282,16 +283,16 @@ TEST_P(Producer, MatchesTheFp64OracleAndWritesOnlyItsRows) {
 
 INSTANTIATE_TEST_SUITE_P(
     CacheDtypes, Producer,
-    ::testing::Values(
-        ProducerCase{"bf16_packed", DType::kBf16, DType::kBf16, KvLayout::kPacked, 1, 1, false},
-        ProducerCase{"fp16_separate_nvfp4_index", DType::kFp16, DType::kNvfp4,
-                     KvLayout::kSeparate, 1, 1, false},
-        ProducerCase{"e4m3_stacked_fp8_indexer", DType::kFp8E4m3, DType::kFp8E4m3,
-                     KvLayout::kStacked, 0.25f, 2.0f, false},
-        ProducerCase{"e5m2_token_major", DType::kFp8E5m2, DType::kBf16, KvLayout::kTokenMajor,
-                     0.5f, 1.0f, true},
-        ProducerCase{"nvfp4_packed_own_index_slots", DType::kNvfp4, DType::kBf16,
-                     KvLayout::kPacked, 1, 1, true}),
+    ::testing::Values(ProducerCase{"bf16_packed", DType::kBf16, DType::kBf16, KvLayout::kPacked, 1,
+                                   1, false},
+                      ProducerCase{"fp16_separate_nvfp4_index", DType::kFp16, DType::kNvfp4,
+                                   KvLayout::kSeparate, 1, 1, false},
+                      ProducerCase{"e4m3_stacked_fp8_indexer", DType::kFp8E4m3, DType::kFp8E4m3,
+                                   KvLayout::kStacked, 0.25f, 2.0f, false},
+                      ProducerCase{"e5m2_token_major", DType::kFp8E5m2, DType::kBf16,
+                                   KvLayout::kTokenMajor, 0.5f, 1.0f, true},
+                      ProducerCase{"nvfp4_packed_own_index_slots", DType::kNvfp4, DType::kBf16,
+                                   KvLayout::kPacked, 1, 1, true}),
     [](const ::testing::TestParamInfo<ProducerCase>& param_info) { return param_info.param.name; });
 
 TEST(Producer, RejectsMismatchedCachesAndOutputs) {

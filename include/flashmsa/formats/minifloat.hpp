@@ -119,25 +119,33 @@ FLASHMSA_HD float bf16_to_float(std::uint16_t b) {
 FLASHMSA_HD std::uint16_t float_to_fp16(float x) {
   return static_cast<std::uint16_t>(float_to_minifloat<kFp16Format>(x, Saturation::kNone));
 }
-FLASHMSA_HD float fp16_to_float(std::uint16_t h) { return minifloat_to_float<kFp16Format>(h); }
+FLASHMSA_HD float fp16_to_float(std::uint16_t h) {
+  return minifloat_to_float<kFp16Format>(h);
+}
 
 // ---- fp8 ----------------------------------------------------------------------------------
 
 FLASHMSA_HD std::uint8_t float_to_e4m3(float x, Saturation sat = Saturation::kFinite) {
   return static_cast<std::uint8_t>(float_to_minifloat<kE4m3Format>(x, sat));
 }
-FLASHMSA_HD float e4m3_to_float(std::uint8_t c) { return minifloat_to_float<kE4m3Format>(c); }
+FLASHMSA_HD float e4m3_to_float(std::uint8_t c) {
+  return minifloat_to_float<kE4m3Format>(c);
+}
 FLASHMSA_HD std::uint8_t float_to_e5m2(float x, Saturation sat = Saturation::kFinite) {
   return static_cast<std::uint8_t>(float_to_minifloat<kE5m2Format>(x, sat));
 }
-FLASHMSA_HD float e5m2_to_float(std::uint8_t c) { return minifloat_to_float<kE5m2Format>(c); }
+FLASHMSA_HD float e5m2_to_float(std::uint8_t c) {
+  return minifloat_to_float<kE5m2Format>(c);
+}
 
 // ---- fp4 E2M1: a 4-bit code in the low nibble; magnitudes {0, .5, 1, 1.5, 2, 3, 4, 6} -------
 
 FLASHMSA_HD std::uint8_t float_to_e2m1(float x) {
   return static_cast<std::uint8_t>(float_to_minifloat<kE2m1Format>(x, Saturation::kFinite));
 }
-FLASHMSA_HD float e2m1_to_float(std::uint8_t c) { return minifloat_to_float<kE2m1Format>(c & 0xFu); }
+FLASHMSA_HD float e2m1_to_float(std::uint8_t c) {
+  return minifloat_to_float<kE2m1Format>(c & 0xFu);
+}
 
 // ---- E8M0: an unsigned power of two 2^(byte - 127); 0xFF is NaN ----------------------------
 

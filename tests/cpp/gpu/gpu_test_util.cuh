@@ -10,11 +10,11 @@
 #include "src/cuda/device_info.hpp"
 
 // Skips the current test, with the reason, where no sm_90 device can run it.
-#define FLASHMSA_REQUIRE_SM90_OR_SKIP()                                              \
-  do {                                                                               \
-    if (auto reason = ::flashmsa::cuda::sm90_device_unavailable_reason()) {          \
-      GTEST_SKIP() << "GPU test skipped: " << *reason;                               \
-    }                                                                                \
+#define FLASHMSA_REQUIRE_SM90_OR_SKIP()                                     \
+  do {                                                                      \
+    if (auto reason = ::flashmsa::cuda::sm90_device_unavailable_reason()) { \
+      GTEST_SKIP() << "GPU test skipped: " << *reason;                      \
+    }                                                                       \
   } while (0)
 
 namespace flashmsa::test {

@@ -86,8 +86,8 @@ std::uint32_t host_encode(Conversion c, float v) {
 TEST(FormatsGpu, EncodeMatchesIntrinsicsBitForBit) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   std::vector<float> x;
-  for (const auto* f : {&fmt::kBf16Format, &fmt::kFp16Format, &fmt::kE4m3Format,
-                        &fmt::kE5m2Format, &fmt::kE2m1Format}) {
+  for (const auto* f : {&fmt::kBf16Format, &fmt::kFp16Format, &fmt::kE4m3Format, &fmt::kE5m2Format,
+                        &fmt::kE2m1Format}) {
     auto s = test::rounding_samples(*f, 1 << 20, 77);
     x.insert(x.end(), s.begin(), s.end());
   }
@@ -112,8 +112,8 @@ TEST(FormatsGpu, EncodeMatchesIntrinsicsBitForBit) {
         ++mismatches;
         if (reported++ < 20) {
           ADD_FAILURE() << "conversion " << c << " x=" << x[i] << " bits 0x" << std::hex
-                        << fmt::float_bits(x[i]) << ": intrinsic 0x" << want << ", host 0x"
-                        << host << ", ours on device 0x" << device_ours;
+                        << fmt::float_bits(x[i]) << ": intrinsic 0x" << want << ", host 0x" << host
+                        << ", ours on device 0x" << device_ours;
         }
       }
     }
@@ -220,7 +220,7 @@ TEST(FormatsGpu, Mxfp8MatchesFlashInferRecipe) {
       case 2: x[g * 32 + 5] = fmt::float_to_bf16(-INFINITY); break;
       case 3: x[g * 32] = fmt::float_to_bf16(std::ldexp(448.0f, g % 64 - 32)); break;
       case 4: std::fill_n(&x[g * 32], 32, fmt::float_to_bf16(NAN)); break;
-      case 5: x[g * 32 + 7] = static_cast<std::uint16_t>(g % 128);  break;  // subnormals
+      case 5: x[g * 32 + 7] = static_cast<std::uint16_t>(g % 128); break;  // subnormals
       default: break;
     }
   }
