@@ -3,7 +3,8 @@
 # Idempotent: a second run checks and returns in about a second.
 #   - Debian: compiler, CMake, Ninja, GoogleTest, ccache, OpenBLAS (used single-threaded: the CPU
 #     backend parallelises itself); only what is missing is installed
-#   - PyPI, into the project-local virtual environment .venv: requirements-dev.txt
+#   - PyPI, into the project-local virtual environment .venv: requirements-dev.txt, then this
+#     project's own Python package (pip install .)
 #   - CUTLASS/CuTe C++ headers from PyPI nvidia-cutlass (no deps) into .deps/cutlass;
 #     CMake finds them there (FLASHMSA_CUTLASS_DIR overrides).
 #   - a copy of Debian's GoogleTest sources in .deps/googletest, for the GPU machine.
@@ -39,6 +40,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$stamp_want" ] ||
     "nvidia-cutlass==$cutlass_version"
   echo "$stamp_want" >"$stamp"
 fi
+# The Python package, built from this tree by scikit-build-core (incrementally, in
+# build/python-*); rebuilt only when a source file changed.
+package_want=$(find src include python tools CMakeLists.txt pyproject.toml -type f \
+  -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
+package_stamp=.venv/.flashmsa-package
+if [ ! -f "$package_stamp" ] || [ "$(cat "$package_stamp")" != "$package_want" ]; then
+  echo "setup: building and installing the flashmsa Python package (pip install .)"
+  .venv/bin/python -m pip install -q --no-build-isolation --no-deps . >.venv/pip-install.log 2>&1 ||
+    { tail -40 .venv/pip-install.log; exit 1; }
+  echo "$package_want" >"$package_stamp"
+fi
+
 # GoogleTest sources travel with the tree to GPU machines that have no GoogleTest package.
 if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
   mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: set-up, build (CUDA code too when nvcc is found) and every test.
+# The README's test command: set-up, build (CUDA code too when nvcc is found) and every test:
+# the C++ suites through CTest, then the Python package's through pytest.
 # GPU tests skip, with the reason, on machines without an sm_90 GPU.
 #   FLASHMSA_CMAKE_ARGS="-DFLASHMSA_ENABLE_CUDA=OFF" scripts/test.sh   # CPU-only build
 set -euo pipefail
@@ -19,3 +20,5 @@ if [ -x build/tests/cpp/flashmsa_gpu_tests ]; then
     grep -o "GPU test skipped: .*" | head -1 || true
 fi
 ctest --test-dir build -j"$jobs" --output-on-failure
+# The Python package (installed into .venv by scripts/setup.sh), on the CPU with numpy.
+.venv/bin/python -m pytest -q -rs tests/python

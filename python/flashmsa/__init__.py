@@ -1,0 +1,45 @@
+"""FlashMSA: MiniMax-M3 sparse attention (MSA) for inference engines.
+
+A thin Python layer over the C++ library. Arrays are passed through DLPack without copies:
+numpy arrays (and CPU torch tensors) run on the CPU backend. numpy has no bfloat16 or fp8, so
+uint16 arrays carry bf16 bits and uint8 arrays fp8 codes where an operation expects them.
+
+Errors: ValueError for bad arguments (the message names the argument, the expected and the actual
+value), RuntimeError for configurations a backend cannot serve and for resource failures.
+
+Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D = Di = 128):
+  index_prefill(config, index_q [T, Hidx, Di], index_cache, cu_seqlens_q [B+1] int32,
+                seq_lens [B] int32, block_table [B, max_blocks] int32) -> topk [Hkv, T, topk]
+  sparse_attention_prefill(config, q [T, Hq, D], kv_cache, cu_seqlens_q, seq_lens, block_table,
+                           topk, out [T, Hq, D], lse=[T, Hq] fp32)
+  dense_attention(config, q, kv_cache, cu_seqlens_q, seq_lens, block_table, out, lse=None)
+  insert_kv(kv_cache, k [T, Hkv, D], v [T, Hkv, D], slot_mapping [T] int64)
+  insert_index_k(index_cache, index_k [T, Di], slot_mapping [T] int64)
+  index_decode / sparse_attention_decode: the same for uniform decode rows (seq_lens [B],
+                block_table, decode_query_len); decode attention can emit MXFP8
+  produce_qkv_index: the fused norm / RoPE / cast / cache-insert producer
+help(flashmsa.<function>) gives each one's arguments.
+"""
+
+from ._flashmsa import (  # noqa: F401
+    CacheManager,
+    Config,
+    IndexCache,
+    KvCache,
+    TopkOrder,
+    backends,
+    build_batch_metadata,
+    build_info,
+    dense_attention,
+    index_decode,
+    index_prefill,
+    insert_index_k,
+    insert_kv,
+    kv_cache,
+    produce_qkv_index,
+    sparse_attention_decode,
+    sparse_attention_prefill,
+    version,
+)
+
+__version__ = version()

@@ -1,0 +1,526 @@
+// The Python binding: a thin layer over the C++ library. Arrays arrive through DLPack (numpy,
+// torch, cupy, ...) without copies and become TensorViews; every check and all the work stay in
+// C++. flashmsa::Error becomes ValueError (bad arguments) or RuntimeError (anything else).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "flashmsa/flashmsa.hpp"
+
+namespace nb = nanobind;
+using namespace flashmsa;
+
+namespace {
+
+using Array = nb::ndarray<nb::c_contig, nb::device::cpu>;
+using AnyArray = nb::ndarray<>;
+
+[[noreturn]] void value_error(const std::string& message) {
+  throw nb::value_error(message.c_str());
+}
+
+// DLPack dtype -> DType. numpy has neither bfloat16 nor fp8: uint16 arrays are read as bf16 bits
+// and uint8 arrays as raw bytes (fp8 codes where an op expects fp8).
+DType to_dtype(const nb::dlpack::dtype& d, const char* name) {
+  using C = nb::dlpack::dtype_code;
+  const auto code = static_cast<C>(d.code);
+  if (d.lanes != 1) value_error(std::string(name) + ": vector dtypes are not supported");
+  if (code == C::Int && d.bits == 32) return DType::kInt32;
+  if (code == C::Int && d.bits == 64) return DType::kInt64;
+  if (code == C::UInt && d.bits == 8) return DType::kUint8;
+  if (code == C::UInt && d.bits == 16) return DType::kBf16;
+  if (code == C::Bfloat && d.bits == 16) return DType::kBf16;
+  if (code == C::Float && d.bits == 16) return DType::kFp16;
+  if (code == C::Float && d.bits == 32) return DType::kFp32;
+  if (code == C::Float8_E4M3FN) return DType::kFp8E4m3;
+  if (code == C::Float8_E5M2) return DType::kFp8E5m2;
+  value_error(std::string(name) + ": unsupported dtype (code " + std::to_string(d.code) +
+              ", " + std::to_string(d.bits) + " bits)");
+}
+
+TensorView view(const AnyArray& a, const char* name) {
+  if (a.ndim() > static_cast<size_t>(TensorView::kMaxRank)) {
+    value_error(std::string(name) + " must have at most 5 dimensions, got " +
+                std::to_string(a.ndim()));
+  }
+  TensorView t;
+  t.data = a.data();
+  t.dtype = to_dtype(a.dtype(), name);
+  const int dev = a.device_type();
+  if (dev == nb::device::cpu::value) {
+    t.device = Device::kCpu;
+  } else if (dev == nb::device::cuda::value) {
+    t.device = Device::kCuda;
+  } else {
+    value_error(std::string(name) + " must be a CPU or CUDA array, got DLPack device type " +
+                std::to_string(dev));
+  }
+  t.rank = static_cast<int>(a.ndim());
+  for (int i = 0; i < t.rank; ++i) {
+    t.shape[i] = static_cast<std::int64_t>(a.shape(i));
+    t.stride[i] = a.stride(i);
+  }
+  return t;
+}
+
+TensorView optional_view(const std::optional<AnyArray>& a, const char* name) {
+  return a ? view(*a, name) : TensorView{};
+}
+
+// Where an op expects fp8 codes, numpy's uint8 stands in for them.
+TensorView as_fp8(TensorView t) {
+  if (t.dtype == DType::kUint8) t.dtype = DType::kFp8E4m3;
+  return t;
+}
+
+// A new host array owned by Python (numpy), for outputs the caller did not pass in.
+template <class T>
+nb::ndarray<nb::numpy, T> new_array(const std::vector<size_t>& shape) {
+  size_t n = 1;
+  for (size_t s : shape) n *= s;
+  T* data = new T[n]();
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<T*>(p); });
+  return nb::ndarray<nb::numpy, T>(data, shape.size(), shape.data(), owner);
+}
+
+std::optional<std::int64_t> optional_int(const std::optional<int>& v) {
+  return v ? std::optional<std::int64_t>(*v) : std::nullopt;
+}
+
+DType parse_dtype_arg(const std::string& name, const char* arg) {
+  const auto d = parse_dtype(name);
+  if (!d) value_error(std::string(arg) + ": unknown dtype '" + name + "'");
+  return *d;
+}
+
+KvLayout parse_layout(const std::string& name) {
+  if (name == "packed") return KvLayout::kPacked;
+  if (name == "separate") return KvLayout::kSeparate;
+  if (name == "stacked") return KvLayout::kStacked;
+  if (name == "token_major") return KvLayout::kTokenMajor;
+  value_error("layout must be one of packed, separate, stacked, token_major, got '" + name + "'");
+}
+
+OpOptions op_options(bool checked, int threads) {
+  OpOptions o;
+  o.checked = checked;
+  o.num_threads = threads;
+  return o;
+}
+
+}  // namespace
+
+NB_MODULE(_flashmsa, m) {
+  m.doc() = "FlashMSA: MiniMax-M3 sparse attention (C++ core; see help(flashmsa))";
+
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      if (e.kind() == ErrorKind::kInvalidArgument) {
+        PyErr_SetString(PyExc_ValueError, e.message().c_str());
+      } else {
+        PyErr_SetString(PyExc_RuntimeError, e.message().c_str());
+      }
+    }
+  });
+
+  m.def("version", &version, "FlashMSA's version string.");
+  m.def("build_info", &build_info, "How this copy was built (CUDA, targets, compiler).");
+  m.def(
+      "backends",
+      [] {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (Backend b : {Backend::kCpu, Backend::kCudaSm90}) {
+          const auto why = backend_unavailable_reason(b);
+          out.emplace_back(std::string(to_string(b)), why ? *why : std::string("available"));
+        }
+        return out;
+      },
+      "[(backend, 'available' or the reason it is not)] for this machine.");
+
+  nb::enum_<TopkOrder>(m, "TopkOrder")
+      .value("ascending", TopkOrder::kAscending)
+      .value("score_desc", TopkOrder::kScoreDesc)
+      .value("local_last", TopkOrder::kLocalLast);
+
+  nb::class_<Config>(m, "Config",
+                     "One MiniMax-M3 sparse attention layer's configuration (MiniMax-M3 "
+                     "defaults; TensorRT-LLM MiniMaxM3SparseAttentionConfig field names).")
+      .def(nb::init<>())
+      .def_rw("algorithm", &Config::algorithm)
+      .def_rw("sparse_num_index_heads", &Config::sparse_num_index_heads)
+      .def_rw("sparse_index_dim", &Config::sparse_index_dim)
+      .def_rw("sparse_block_size", &Config::sparse_block_size)
+      .def_rw("sparse_topk_blocks", &Config::sparse_topk_blocks)
+      .def_rw("sparse_init_blocks", &Config::sparse_init_blocks)
+      .def_rw("sparse_local_blocks", &Config::sparse_local_blocks)
+      .def_rw("sparse_score_type", &Config::sparse_score_type)
+      .def_rw("sparse_disable_index_value", &Config::sparse_disable_index_value)
+      .def_rw("indexer_kv_dtype", &Config::indexer_kv_dtype)
+      .def_rw("fuse_qkv_index_projection", &Config::fuse_qkv_index_projection)
+      .def_rw("num_attention_heads", &Config::num_attention_heads)
+      .def_rw("num_key_value_heads", &Config::num_key_value_heads)
+      .def_rw("implementation", &Config::implementation)
+      .def_rw("head_dim", &Config::head_dim)
+      .def_prop_rw(
+          "kv_cache_dtype", [](const Config& c) { return std::string(to_string(c.kv_cache_dtype)); },
+          [](Config& c, const std::string& s) { c.kv_cache_dtype = parse_dtype_arg(s, "kv_cache_dtype"); })
+      .def_prop_rw(
+          "index_cache_dtype",
+          [](const Config& c) { return std::string(to_string(c.index_cache_dtype)); },
+          [](Config& c, const std::string& s) {
+            c.index_cache_dtype = parse_dtype_arg(s, "index_cache_dtype");
+          })
+      .def_rw("softmax_scale", &Config::softmax_scale)
+      .def_rw("rope_dim", &Config::rope_dim)
+      .def_rw("rope_theta", &Config::rope_theta)
+      .def_rw("rms_norm_eps", &Config::rms_norm_eps)
+      .def_rw("topk_order", &Config::topk_order)
+      .def(
+          "validate",
+          [](const Config& c) {
+            std::vector<std::string> out;
+            for (const auto& p : c.validate()) out.push_back(p.to_string());
+            return out;
+          },
+          "Every problem of this config (empty when valid), each naming field, value and rule.")
+      .def("check", [](const Config& c) { c.check(); },
+           "Raise ValueError listing every problem, if any.")
+      .def(
+          "unsupported_reason",
+          [](const Config& c, const std::string& backend) {
+            const auto b = parse_backend(backend);
+            if (!b) value_error("backend must be 'cpu' or 'cuda_sm90', got '" + backend + "'");
+            return unsupported_reason(c, *b);
+          },
+          nb::arg("backend"), "Why `backend` cannot serve this layer, or None.");
+
+  nb::class_<KvCacheView>(m, "KvCache", "A view of a paged main K/V cache.")
+      .def_prop_ro("dtype", [](const KvCacheView& v) { return std::string(to_string(v.dtype)); })
+      .def_prop_ro("num_pages", [](const KvCacheView& v) { return v.shape.num_pages; })
+      .def_rw("k_scale", &KvCacheView::k_scale)
+      .def_rw("v_scale", &KvCacheView::v_scale);
+  nb::class_<IndexCacheView>(m, "IndexCache", "A view of the index-K side cache.")
+      .def_prop_ro("dtype", [](const IndexCacheView& v) { return std::string(to_string(v.dtype)); })
+      .def_prop_ro("num_pages", [](const IndexCacheView& v) { return v.num_pages; });
+
+  m.def(
+      "kv_cache",
+      [](const std::string& layout, const std::string& dtype, const AnyArray& k,
+         const std::optional<AnyArray>& v, const std::optional<AnyArray>& k_scales,
+         const std::optional<AnyArray>& v_scales, int num_kv_heads, int head_dim,
+         float k_scale, float v_scale) {
+        const TensorView kt = view(k, "k");
+        if (kt.rank < 1) value_error("k must have a page dimension");
+        KvCacheShape shape{kt.shape[0], num_kv_heads, head_dim, 128};
+        KvCacheView out = KvCacheView::make(
+            parse_layout(layout), parse_dtype_arg(dtype, "dtype"), shape, kt.data,
+            v ? v->data() : nullptr, kt.device, k_scales ? k_scales->data() : nullptr,
+            v_scales ? v_scales->data() : nullptr);
+        out.k_scale = k_scale;
+        out.v_scale = v_scale;
+        out.validate();
+        return out;
+      },
+      nb::arg("layout"), nb::arg("dtype"), nb::arg("k"), nb::arg("v") = nb::none(),
+      nb::arg("k_scales") = nb::none(), nb::arg("v_scales") = nb::none(),
+      nb::arg("num_kv_heads") = 4, nb::arg("head_dim") = 128, nb::arg("k_scale") = 1.0f,
+      nb::arg("v_scale") = 1.0f, nb::keep_alive<0, 3>(), nb::keep_alive<0, 4>(),
+      nb::keep_alive<0, 5>(), nb::keep_alive<0, 6>(),
+      "A KvCache over caller-owned arrays (no copy). layout: packed [pages, Hkv, 128, 2D], "
+      "separate / token_major (k and v buffers), stacked [pages, 2, Hkv, 128, D]; NVFP4 passes "
+      "uint8 data and scale arrays. The arrays must outlive the view (they are kept alive).");
+
+  nb::class_<CacheManager>(m, "CacheManager",
+                           "Page pools for the main and index caches; requests, block tables, "
+                           "slot mappings.")
+      .def(
+          "__init__",
+          [](CacheManager* self, const Config& c, std::int64_t num_pages, const std::string& layout,
+             const std::string& device, bool separate_index_pages, std::int64_t num_index_pages,
+             std::optional<std::uint64_t> shuffle_seed) {
+            CacheManagerOptions o;
+            o.num_pages = num_pages;
+            o.layout = parse_layout(layout);
+            if (device != "cpu" && device != "cuda") {
+              value_error("device must be 'cpu' or 'cuda', got '" + device + "'");
+            }
+            o.device = device == "cuda" ? Device::kCuda : Device::kCpu;
+            o.separate_index_pages = separate_index_pages;
+            o.num_index_pages = num_index_pages;
+            o.shuffle_seed = shuffle_seed;
+            new (self) CacheManager(c, o);
+          },
+          nb::arg("config"), nb::arg("num_pages"), nb::arg("layout") = "packed",
+          nb::arg("device") = "cpu", nb::arg("separate_index_pages") = false,
+          nb::arg("num_index_pages") = 0, nb::arg("shuffle_seed") = nb::none())
+      .def("add_request", &CacheManager::add_request)
+      .def("append", &CacheManager::append, nb::arg("request"), nb::arg("num_tokens"),
+           "Grow a request by num_tokens; RuntimeError (nothing changed) when out of pages.")
+      .def("free_request", &CacheManager::free_request)
+      .def("length", &CacheManager::length)
+      .def("free_pages", &CacheManager::free_pages)
+      .def("pages", [](const CacheManager& cm, std::int64_t id) {
+        const auto p = cm.pages(id);
+        return std::vector<std::int32_t>(p.begin(), p.end());
+      })
+      .def(
+          "block_table",
+          [](const CacheManager& cm, const std::vector<std::int64_t>& ids, std::int64_t max_blocks,
+             bool index_cache) {
+            const auto t = cm.block_table(ids, max_blocks, index_cache);
+            auto a = new_array<std::int32_t>({ids.size(), static_cast<size_t>(max_blocks)});
+            std::memcpy(a.data(), t.data(), t.size() * sizeof(std::int32_t));
+            return a;
+          },
+          nb::arg("requests"), nb::arg("max_blocks"), nb::arg("index_cache") = false,
+          "int32 [len(requests), max_blocks]; -1 past each request's pages and for request -1.")
+      .def(
+          "slot_mapping",
+          [](const CacheManager& cm, std::int64_t id, std::int64_t first, std::int64_t count,
+             bool index_cache) {
+            const auto s = cm.slot_mapping(id, first, count, index_cache);
+            auto a = new_array<std::int64_t>({s.size()});
+            std::memcpy(a.data(), s.data(), s.size() * sizeof(std::int64_t));
+            return a;
+          },
+          nb::arg("request"), nb::arg("first"), nb::arg("count"), nb::arg("index_cache") = false,
+          "int64 [count] slots of positions [first, first + count).")
+      .def_prop_ro("kv_cache", &CacheManager::kv_cache, nb::rv_policy::reference_internal)
+      .def_prop_ro("index_cache", &CacheManager::index_cache, nb::rv_policy::reference_internal)
+      .def("check_invariants", &CacheManager::check_invariants);
+
+  m.def(
+      "build_batch_metadata",
+      [](const std::vector<std::pair<std::int64_t, std::int64_t>>& decode, int decode_query_len,
+         const std::vector<std::pair<std::int64_t, std::int64_t>>& prefill,
+         std::int64_t decode_capacity) {
+        std::vector<RequestShape> d, p;
+        for (auto [a, b] : decode) d.push_back({a, b});
+        for (auto [a, b] : prefill) p.push_back({a, b});
+        const BatchMetadata md = build_batch_metadata(d, decode_query_len, p, decode_capacity);
+        nb::dict out;
+        auto arr = [](const std::vector<std::int32_t>& v) {
+          auto a = new_array<std::int32_t>({v.size()});
+          std::memcpy(a.data(), v.data(), v.size() * sizeof(std::int32_t));
+          return a;
+        };
+        out["cu_seqlens_q"] = arr(md.cu_seqlens_q);
+        out["seq_lens"] = arr(md.seq_lens);
+        out["prefix_lens"] = arr(md.prefix_lens);
+        out["token_request"] = arr(md.token_request);
+        out["token_position"] = arr(md.token_position);
+        out["num_decode_requests"] = md.num_decode_requests;
+        out["num_padding_requests"] = md.num_padding_requests;
+        out["num_prefill_requests"] = md.num_prefill_requests;
+        out["decode_query_len"] = md.decode_query_len;
+        out["num_tokens"] = md.num_tokens;
+        return out;
+      },
+      nb::arg("decode"), nb::arg("decode_query_len"), nb::arg("prefill"),
+      nb::arg("decode_capacity") = 0,
+      "Batch arrays from [(prefix_len, query_len)] lists: decode rows first (uniform query "
+      "length 1..16), padding rows up to decode_capacity, then prefill rows.");
+
+  m.def(
+      "insert_kv",
+      [](const KvCacheView& cache, const AnyArray& k, const AnyArray& v, const AnyArray& slots,
+         bool checked) {
+        insert_kv(cache, view(k, "k"), view(v, "v"), view(slots, "slot_mapping"),
+                  op_options(checked, 0));
+      },
+      nb::arg("cache"), nb::arg("k"), nb::arg("v"), nb::arg("slot_mapping"),
+      nb::arg("checked") = false,
+      "Write k, v [T, Hkv, D] (bf16/fp16/fp32) at slot_mapping [T] int64 (negative: skip), "
+      "quantized to the cache dtype.");
+  m.def(
+      "insert_index_k",
+      [](const IndexCacheView& cache, const AnyArray& ik, const AnyArray& slots, bool checked) {
+        insert_index_k(cache, view(ik, "index_k"), view(slots, "slot_mapping"),
+                       op_options(checked, 0));
+      },
+      nb::arg("cache"), nb::arg("index_k"), nb::arg("slot_mapping"), nb::arg("checked") = false,
+      "Write index_k [T, Di] at slot_mapping [T] int64.");
+
+  m.def(
+      "index_prefill",
+      [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
+         const AnyArray& cu_seqlens_q, const AnyArray& seq_lens, const AnyArray& block_table,
+         const std::optional<AnyArray>& out, const std::optional<AnyArray>& block_scores,
+         bool checked, int threads) -> nb::object {
+        const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
+                                                         : view(index_q, "index_q");
+        const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
+        nb::object result;
+        TensorView topk;
+        if (out) {
+          topk = view(*out, "out");
+          result = nb::borrow(nb::cast(*out));
+        } else {
+          auto a = new_array<std::int32_t>({static_cast<size_t>(hkv),
+                                            static_cast<size_t>(q.shape[0]),
+                                            static_cast<size_t>(c.sparse_topk_blocks)});
+          topk = TensorView::contiguous(a.data(), DType::kInt32,
+                                        {hkv, q.shape[0], c.sparse_topk_blocks});
+          result = nb::cast(a);
+        }
+        PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
+                           view(block_table, "block_table")};
+        {
+          nb::gil_scoped_release release;
+          index_prefill(c, q, cache, batch, {topk, optional_view(block_scores, "block_scores")},
+                        op_options(checked, threads));
+        }
+        return result;
+      },
+      nb::arg("config"), nb::arg("index_q"), nb::arg("index_cache"), nb::arg("cu_seqlens_q"),
+      nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out") = nb::none(),
+      nb::arg("block_scores") = nb::none(), nb::arg("checked") = false, nb::arg("threads") = 0,
+      "Top-k block ids int32 [Hkv, T, topk] for index_q [T, Hidx, Di] over a ragged batch.");
+
+  m.def(
+      "sparse_attention_prefill",
+      [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
+         const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& topk,
+         const AnyArray& out, const std::optional<AnyArray>& lse, bool checked, int threads) {
+        PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
+                           view(block_table, "block_table")};
+        AttentionOutputs o;
+        o.out = view(out, "out");
+        o.lse = optional_view(lse, "lse");
+        const TensorView qv = view(q, "q"), tk = view(topk, "topk");
+        nb::gil_scoped_release release;
+        sparse_attention_prefill(c, qv, cache, batch, tk, o, op_options(checked, threads));
+      },
+      nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
+      nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("topk"), nb::arg("out"),
+      nb::arg("lse") = nb::none(), nb::arg("checked") = false, nb::arg("threads") = 0,
+      "Sparse GQA attention of q [T, Hq, D] over each row's top-k blocks into out [T, Hq, D] "
+      "(bf16 as uint16 on numpy, fp16, fp32) and optionally lse [T, Hq] fp32.");
+
+  m.def(
+      "dense_attention",
+      [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
+         const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& out,
+         const std::optional<AnyArray>& lse, bool checked, int threads) {
+        PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
+                           view(block_table, "block_table")};
+        AttentionOutputs o;
+        o.out = view(out, "out");
+        o.lse = optional_view(lse, "lse");
+        const TensorView qv = view(q, "q");
+        nb::gil_scoped_release release;
+        dense_attention(c, qv, cache, batch, o, op_options(checked, threads));
+      },
+      nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
+      nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out"), nb::arg("lse") = nb::none(),
+      nb::arg("checked") = false, nb::arg("threads") = 0,
+      "Causal GQA attention over every visible key of the paged cache (the cross-check).");
+
+  m.def(
+      "index_decode",
+      [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
+         const AnyArray& seq_lens, const AnyArray& block_table, int decode_query_len,
+         const std::optional<AnyArray>& out, bool checked, int threads) -> nb::object {
+        const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
+                                                         : view(index_q, "index_q");
+        const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
+        nb::object result;
+        TensorView topk;
+        if (out) {
+          topk = view(*out, "out");
+          result = nb::borrow(nb::cast(*out));
+        } else {
+          auto a = new_array<std::int32_t>({static_cast<size_t>(hkv),
+                                            static_cast<size_t>(q.shape[0]),
+                                            static_cast<size_t>(c.sparse_topk_blocks)});
+          topk = TensorView::contiguous(a.data(), DType::kInt32,
+                                        {hkv, q.shape[0], c.sparse_topk_blocks});
+          result = nb::cast(a);
+        }
+        DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
+                          decode_query_len};
+        {
+          nb::gil_scoped_release release;
+          index_decode(c, q, cache, batch, {topk}, op_options(checked, threads));
+        }
+        return result;
+      },
+      nb::arg("config"), nb::arg("index_q"), nb::arg("index_cache"), nb::arg("seq_lens"),
+      nb::arg("block_table"), nb::arg("decode_query_len") = 1, nb::arg("out") = nb::none(),
+      nb::arg("checked") = false, nb::arg("threads") = 0,
+      "Top-k block ids int32 [Hkv, B * decode_query_len, topk] for decode rows; rows of a "
+      "request with seq_lens 0 (padding) select nothing.");
+
+  m.def(
+      "sparse_attention_decode",
+      [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
+         const AnyArray& block_table, const AnyArray& topk, const AnyArray& out,
+         int decode_query_len, const std::optional<AnyArray>& lse,
+         const std::optional<AnyArray>& mxfp8_scales, const std::string& scale_layout,
+         bool checked, int threads) {
+        DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
+                          decode_query_len};
+        AttentionOutputs o;
+        o.out = view(out, "out");
+        if (mxfp8_scales) {
+          o.out = as_fp8(o.out);
+          o.mxfp8_scales = view(*mxfp8_scales, "mxfp8_scales");
+          if (scale_layout == "swizzled") {
+            o.mxfp8_scale_layout = fmt::ScaleLayout::kSwizzled128x4;
+          } else if (scale_layout != "row_major") {
+            value_error("scale_layout must be 'row_major' or 'swizzled', got '" + scale_layout +
+                        "'");
+          }
+        }
+        o.lse = optional_view(lse, "lse");
+        const TensorView qv = view(q, "q"), tk = view(topk, "topk");
+        nb::gil_scoped_release release;
+        sparse_attention_decode(c, qv, cache, batch, tk, o, op_options(checked, threads));
+      },
+      nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("seq_lens"),
+      nb::arg("block_table"), nb::arg("topk"), nb::arg("out"), nb::arg("decode_query_len") = 1,
+      nb::arg("lse") = nb::none(), nb::arg("mxfp8_scales") = nb::none(),
+      nb::arg("scale_layout") = "row_major", nb::arg("checked") = false, nb::arg("threads") = 0,
+      "Decode attention into out [T, Hq, D]; with mxfp8_scales, out is [T, Hq*D] E4M3 codes "
+      "(uint8) and mxfp8_scales the E8M0 scales ([T, Hq*D/32] row-major, or the 128x4 swizzled "
+      "buffer), bit-identical to quantizing the bf16 output.");
+
+  m.def(
+      "produce_qkv_index",
+      [](const Config& c, const AnyArray& qkv_index, const AnyArray& q_norm_weight,
+         const AnyArray& k_norm_weight, const AnyArray& index_q_norm_weight,
+         const AnyArray& index_k_norm_weight, const AnyArray& positions,
+         const AnyArray& slot_mapping, const KvCacheView& kv, const IndexCacheView& index,
+         const AnyArray& q_out, const AnyArray& index_q_out,
+         const std::optional<AnyArray>& index_slot_mapping, bool checked, int threads) {
+        ProducerInputs in;
+        in.qkv_index = view(qkv_index, "qkv_index");
+        in.q_norm_weight = view(q_norm_weight, "q_norm_weight");
+        in.k_norm_weight = view(k_norm_weight, "k_norm_weight");
+        in.index_q_norm_weight = view(index_q_norm_weight, "index_q_norm_weight");
+        in.index_k_norm_weight = view(index_k_norm_weight, "index_k_norm_weight");
+        in.positions = view(positions, "positions");
+        in.slot_mapping = view(slot_mapping, "slot_mapping");
+        in.index_slot_mapping = optional_view(index_slot_mapping, "index_slot_mapping");
+        ProducerOutputs out{view(q_out, "q"), view(index_q_out, "index_q")};
+        if (c.indexer_kv_dtype == "fp8") out.index_q = as_fp8(out.index_q);
+        nb::gil_scoped_release release;
+        produce_qkv_index(c, in, kv, index, out, op_options(checked, threads));
+      },
+      nb::arg("config"), nb::arg("qkv_index"), nb::arg("q_norm_weight"), nb::arg("k_norm_weight"),
+      nb::arg("index_q_norm_weight"), nb::arg("index_k_norm_weight"), nb::arg("positions"),
+      nb::arg("slot_mapping"), nb::arg("kv_cache"), nb::arg("index_cache"), nb::arg("q"),
+      nb::arg("index_q"), nb::arg("index_slot_mapping") = nb::none(), nb::arg("checked") = false,
+      nb::arg("threads") = 0,
+      "The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] -> Gemma RMSNorm and "
+      "partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches.");
+}

@@ -1,0 +1,222 @@
+"""The Python package on the CPU with numpy arrays: configuration, caches, metadata, and the
+operations against a plain numpy fp64 oracle.
+
+Tolerances follow the FlashAttention rule as in the C++ tests: the attention output's max error
+against fp64 must be at most 2x that of rounding the fp64 result to bf16 once, plus 1e-6.
+"""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flashmsa
+
+HQ, HKV, D, HIDX, DI, BLOCK = 64, 4, 128, 4, 128, 128
+
+
+def to_bf16(x):
+    """float32 -> bf16 bits (uint16), round to nearest even."""
+    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(b):
+    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def test_config_defaults_and_validation():
+    c = flashmsa.Config()
+    assert c.validate() == []
+    assert (c.num_attention_heads, c.num_key_value_heads, c.sparse_topk_blocks) == (64, 4, 16)
+    assert c.kv_cache_dtype == "bf16"
+    c.sparse_num_index_heads = 0
+    c.sparse_score_type = "mean"
+    problems = c.validate()
+    assert "sparse_num_index_heads must be > 0, got 0" in problems
+    assert any(p.startswith("sparse_score_type must be") for p in problems)
+    with pytest.raises(ValueError, match="sparse_num_index_heads must be > 0, got 0"):
+        c.check()
+    with pytest.raises(ValueError, match="unknown dtype 'fp4'"):
+        c.kv_cache_dtype = "fp4"
+    assert flashmsa.Config().unsupported_reason("cpu") is None
+
+
+def test_cache_manager_and_metadata():
+    cm = flashmsa.CacheManager(flashmsa.Config(), num_pages=4, shuffle_seed=3)
+    r = cm.add_request()
+    assert cm.append(r, 200) == 200
+    assert len(cm.pages(r)) == 2
+    table = cm.block_table([r, -1], 3)
+    assert table.dtype == np.int32 and table.shape == (2, 3)
+    assert list(table[0, :2]) == cm.pages(r) and table[0, 2] == -1 and (table[1] == -1).all()
+    slots = cm.slot_mapping(r, 126, 3)
+    assert list(slots) == [cm.pages(r)[0] * 128 + 126, cm.pages(r)[0] * 128 + 127,
+                           cm.pages(r)[1] * 128]
+    with pytest.raises(RuntimeError, match="out of cache pages"):
+        cm.append(r, 1000)
+    assert cm.length(r) == 200
+    cm.check_invariants()
+    md = flashmsa.build_batch_metadata([(10, 2)], 2, [(0, 3)], decode_capacity=2)
+    assert list(md["cu_seqlens_q"]) == [0, 2, 4, 7]
+    assert list(md["token_position"]) == [10, 11, -2, -1, 0, 1, 2]
+
+
+def make_batch(lengths, queries, seed):
+    """A manager with random K/V/index-K for every request, and the batch arrays."""
+    rng = np.random.default_rng(seed)
+    config = flashmsa.Config()
+    pages = sum((n + BLOCK - 1) // BLOCK for n in lengths) + 2
+    cm = flashmsa.CacheManager(config, num_pages=pages, shuffle_seed=seed)
+    ids, data = [], []
+    for n in lengths:
+        r = cm.add_request()
+        cm.append(r, n)
+        k = rng.standard_normal((n, HKV, D), dtype=np.float32)
+        v = rng.standard_normal((n, HKV, D), dtype=np.float32)
+        ik = rng.standard_normal((n, DI), dtype=np.float32)
+        slots = cm.slot_mapping(r, 0, n)
+        flashmsa.insert_kv(cm.kv_cache, to_bf16(k), to_bf16(v), slots)
+        flashmsa.insert_index_k(cm.index_cache, to_bf16(ik), slots)
+        ids.append(r)
+        data.append((from_bf16(to_bf16(k)), from_bf16(to_bf16(v)), from_bf16(to_bf16(ik))))
+    max_blocks = max((n + BLOCK - 1) // BLOCK for n in lengths)
+    table = cm.block_table(ids, max_blocks)
+    cu = np.concatenate([[0], np.cumsum(queries)]).astype(np.int32)
+    lens = np.asarray(lengths, dtype=np.int32)
+    t = int(cu[-1])
+    q = to_bf16(rng.standard_normal((t, HQ, D), dtype=np.float32))
+    iq = to_bf16(rng.standard_normal((t, HIDX, DI), dtype=np.float32))
+    return config, cm, data, cu, lens, table, q, iq
+
+
+def oracle_topk(iq, ik, position, topk=16):
+    """fp64 block scores (max dot over visible keys), local block forced, top-k ascending."""
+    nvb = position // BLOCK + 1
+    scores = iq.astype(np.float64) @ ik[: position + 1].astype(np.float64).T
+    blocks = np.full(nvb, -np.inf)
+    for b in range(nvb):
+        blocks[b] = scores[b * BLOCK: min(position + 1, (b + 1) * BLOCK)].max()
+    blocks[nvb - 1] = 1e29
+    order = sorted(range(nvb), key=lambda b: (-blocks[b], b))[: min(topk, nvb)]
+    return sorted(order) + [-1] * (topk - min(topk, nvb)), blocks
+
+
+def oracle_attention(q, k, v, position, blocks):
+    """fp64 attention of one row (q [HQ, D]); blocks[kv] lists kv head kv's selected blocks."""
+    out = np.zeros((HQ, D))
+    for h in range(HQ):
+        kv = h // (HQ // HKV)
+        keys = [j for b in blocks[kv] if b >= 0
+                for j in range(b * BLOCK, min(position + 1, (b + 1) * BLOCK))]
+        logits = k[keys, kv].astype(np.float64) @ q[h].astype(np.float64) / np.sqrt(D)
+        p = np.exp(logits - logits.max())
+        out[h] = (p / p.sum()) @ v[keys, kv].astype(np.float64)
+    return out
+
+
+def test_prefill_indexer_and_sparse_attention_match_numpy_oracle():
+    lengths, queries = [300, 2100], [5, 4]
+    config, cm, data, cu, lens, table, q, iq = make_batch(lengths, queries, seed=1)
+    topk = flashmsa.index_prefill(config, iq, cm.index_cache, cu, lens, table, checked=True)
+    assert topk.shape == (HKV, 9, 16) and topk.dtype == np.int32
+    out = np.full((9, HQ, D), 0xFFFF, dtype=np.uint16)  # NaN poison
+    lse = np.full((9, HQ), 7.0, dtype=np.float32)
+    flashmsa.sparse_attention_prefill(config, q, cm.kv_cache, cu, lens, table, topk, out, lse=lse)
+    err = honest = 0.0
+    for r, (start, n) in enumerate(zip(cu[:-1], queries)):
+        k, v, ik = data[r]
+        for i in range(n):
+            t, position = start + i, lengths[r] - n + i
+            for h in range(HKV):
+                want, scores = oracle_topk(from_bf16(iq[t, h]), ik, position)
+                got = list(topk[h, t])
+                if got != want:  # only near-ties may differ
+                    diff = set(got) ^ set(want)
+                    kth = min(scores[b] for b in want if b >= 0)
+                    assert all(abs(scores[b] - kth) < 1e-3 for b in diff), (t, h, got, want)
+            expect = oracle_attention(from_bf16(q[t]), k, v, position, topk[:, t])
+            got = from_bf16(out[t])
+            err = max(err, np.abs(got - expect).max())
+            honest = max(honest, np.abs(from_bf16(to_bf16(expect.astype(np.float32))) - expect).max())
+    assert err <= 2 * honest + 1e-6, (err, honest)
+    assert np.isfinite(lse).all()
+
+
+def test_full_coverage_sparse_equals_dense():
+    config, cm, data, cu, lens, table, q, iq = make_batch([700], [6], seed=2)
+    topk = flashmsa.index_prefill(config, iq, cm.index_cache, cu, lens, table)
+    sparse = np.zeros((6, HQ, D), dtype=np.uint16)
+    dense = np.zeros_like(sparse)
+    flashmsa.sparse_attention_prefill(config, q, cm.kv_cache, cu, lens, table, topk, sparse)
+    flashmsa.dense_attention(config, q, cm.kv_cache, cu, lens, table, dense)
+    assert (sparse == dense).all()
+
+
+def test_decode_with_padding_and_mxfp8_output():
+    config, cm, data, _, _, table, q, iq = make_batch([900, 130], [2, 2], seed=3)
+    lens = np.asarray([900, 0], dtype=np.int32)  # request 1 becomes a padding row
+    topk = flashmsa.index_decode(config, iq, cm.index_cache, lens, table, decode_query_len=2)
+    assert (topk[:, 2:] == -1).all()
+    out = np.zeros((4, HQ, D), dtype=np.uint16)
+    lse = np.zeros((4, HQ), dtype=np.float32)
+    flashmsa.sparse_attention_decode(config, q, cm.kv_cache, lens, table, topk, out,
+                                     decode_query_len=2, lse=lse)
+    assert (out[2:] == 0).all() and np.isneginf(lse[2:]).all()
+    codes = np.zeros((4, HQ * D), dtype=np.uint8)
+    scales = np.zeros((4, HQ * D // 32), dtype=np.uint8)
+    flashmsa.sparse_attention_decode(config, q, cm.kv_cache, lens, table, topk, codes,
+                                     decode_query_len=2, mxfp8_scales=scales)
+    # E4M3 decode of the codes times 2^(scale - 127) reproduces the bf16 output to fp8 precision.
+    sign = np.where(codes & 0x80, -1.0, 1.0)
+    exp = (codes >> 3) & 0xF
+    man = codes & 0x7
+    mag = np.where(exp == 0, man / 8.0 * 2.0 ** -6, (1 + man / 8.0) * 2.0 ** (exp.astype(int) - 7))
+    value = sign * mag * np.repeat(2.0 ** (scales.astype(int) - 127), 32, axis=1)
+    ref = from_bf16(out).reshape(4, -1)
+    assert np.allclose(value[:2], ref[:2], rtol=2 ** -3, atol=2.0 ** -9 * np.abs(ref[:2]).max())
+
+
+def test_argument_errors_name_the_argument():
+    config, cm, data, cu, lens, table, q, iq = make_batch([200], [3], seed=4)
+    with pytest.raises(ValueError, match=r"topk must have dtype int32, got int64"):
+        flashmsa.sparse_attention_prefill(config, q, cm.kv_cache, cu, lens, table,
+                                          np.zeros((4, 3, 16), dtype=np.int64),
+                                          np.zeros((3, HQ, D), dtype=np.uint16))
+    with pytest.raises(ValueError, match=r"out must have shape \[3, 64, 128\], got \[3, 64, 64\]"):
+        flashmsa.dense_attention(config, q, cm.kv_cache, cu, lens, table,
+                                 np.zeros((3, HQ, 64), dtype=np.uint16))
+    with pytest.raises(ValueError, match="k: unsupported dtype"):
+        flashmsa.insert_kv(cm.kv_cache, np.zeros((1, 4, 128), dtype=np.complex64),
+                           np.zeros((1, 4, 128), dtype=np.float32), np.zeros(1, dtype=np.int64))
+    with pytest.raises(ValueError, match="layout must be one of"):
+        flashmsa.CacheManager(config, num_pages=2, layout="paged")
+
+
+def test_caller_owned_cache_arrays_are_used_in_place():
+    config = flashmsa.Config()
+    buf = np.zeros((2, HKV, BLOCK, 2 * D), dtype=np.uint16)  # vLLM's packed layout, bf16 bits
+    kv = flashmsa.kv_cache("packed", "bf16", buf)
+    k = to_bf16(np.full((1, HKV, D), 1.5, dtype=np.float32))
+    v = to_bf16(np.full((1, HKV, D), -2.0, dtype=np.float32))
+    flashmsa.insert_kv(kv, k, v, np.asarray([130], dtype=np.int64))  # page 1, offset 2
+    assert (from_bf16(buf[1, :, 2, :D]) == 1.5).all() and (from_bf16(buf[1, :, 2, D:]) == -2).all()
+    assert np.count_nonzero(buf) == HKV * 2 * D
+
+
+def test_python_m_flashmsa_prints_version_and_backends():
+    out = subprocess.run([sys.executable, "-m", "flashmsa"], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.startswith(f"flashmsa {flashmsa.__version__}")
+    assert "backend cpu        available" in out
+
+
+def test_torch_cpu_tensors_through_dlpack():
+    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+    config, cm, data, cu, lens, table, q, iq = make_batch([300], [4], seed=5)
+    as_bf16 = lambda a: torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)  # noqa: E731
+    topk_np = flashmsa.index_prefill(config, iq, cm.index_cache, cu, lens, table)
+    topk_t = flashmsa.index_prefill(config, as_bf16(iq), cm.index_cache, torch.from_numpy(cu),
+                                    torch.from_numpy(lens), torch.from_numpy(table))
+    assert (np.asarray(topk_t) == topk_np).all()
