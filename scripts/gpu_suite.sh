@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Builds FlashMSA on a machine with an H100/H200 and runs the whole GPU suite: the GPU tests, the
-# CPU tests, and (with --sanitize) the GPU tests under compute-sanitizer memcheck, racecheck and
+# CPU, CLI and Python tests (torch tensors included), and (with --sanitize) the GPU tests under compute-sanitizer memcheck, racecheck and
 # initcheck. Logs go to $OUT (the device tool's output folder) or build-gpu/logs.
 #
 # From the development machine (after scripts/setup.sh, which fills .deps/):
-#   device run, carry [".deps/cutlass", ".deps/googletest"], command "scripts/gpu_suite.sh --sanitize"
+#   device run, carry [".deps/googletest", ".deps/nanobind"] (and ".deps/cutlass" once kernels
+#   use it), command "scripts/gpu_suite.sh --sanitize"
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -14,7 +15,13 @@ logs=${OUT:-$root/build-gpu/logs}
 mkdir -p "$logs"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
-cmake -S . -B build-gpu -G Ninja >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+python_args=()
+if [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3 there has torch
+  python_args=(-DFLASHMSA_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)"
+               "-Dnanobind_ROOT=$root/.deps/nanobind/cmake")
+fi
+cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1 ||
+  { cat "$logs/configure.log"; exit 1; }
 if ! cmake --build build-gpu -j"$(nproc)" >"$logs/build.log" 2>&1; then
   tail -50 "$logs/build.log"
   exit 1
@@ -36,6 +43,10 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
 }
 run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
 run cpu_tests build-gpu/tests/cpp/flashmsa_tests
+run cli_tests build-gpu/tests/cpp/flashmsa_cli_tests
+if [ ${#python_args[@]} -gt 0 ]; then
+  run python_tests env PYTHONPATH=build-gpu/python python3 -m pytest -q -rs tests/python
+fi
 if [ $sanitize = 1 ]; then
   for tool in memcheck racecheck initcheck; do
     run "sanitizer_$tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
@@ -43,5 +54,6 @@ if [ $sanitize = 1 ]; then
   done
 fi
 grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log || true
+tail -n 1 "$logs"/python_tests.log 2>/dev/null || true
 printf '%s\n' "${summary[@]}"
 exit $status

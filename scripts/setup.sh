@@ -52,8 +52,13 @@ if [ ! -f "$package_stamp" ] || [ "$(cat "$package_stamp")" != "$package_want" ]
   echo "$package_want" >"$package_stamp"
 fi
 
-# GoogleTest sources travel with the tree to GPU machines that have no GoogleTest package.
+# GoogleTest's and nanobind's sources travel with the tree to GPU machines, which have no
+# GoogleTest and may have another nanobind.
 if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
   mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
+fi
+nanobind_dir=$(.venv/bin/python -c "import nanobind, os; print(os.path.dirname(nanobind.__file__))")
+if ! cmp -s "$nanobind_dir/__init__.py" .deps/nanobind/__init__.py; then
+  rm -rf .deps/nanobind && cp -r "$nanobind_dir" .deps/nanobind
 fi
 echo "setup: ok (.venv, CUTLASS headers in .deps/cutlass/cutlass_library/source/include)"

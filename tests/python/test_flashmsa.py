@@ -220,3 +220,14 @@ def test_torch_cpu_tensors_through_dlpack():
     topk_t = flashmsa.index_prefill(config, as_bf16(iq), cm.index_cache, torch.from_numpy(cu),
                                     torch.from_numpy(lens), torch.from_numpy(table))
     assert (np.asarray(topk_t) == topk_np).all()
+
+
+def test_cuda_tensors_get_a_clear_error_until_the_cuda_backend_exists():
+    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    config = flashmsa.Config()
+    cm = flashmsa.CacheManager(config, num_pages=2)
+    k = torch.zeros((1, HKV, D), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="k must be on cpu, got cuda"):
+        flashmsa.insert_kv(cm.kv_cache, k, k, torch.zeros(1, dtype=torch.int64, device="cuda"))
