@@ -32,6 +32,7 @@ from ._flashmsa import (  # noqa: F401
     build_info,
     dense_attention,
     index_decode,
+    index_cache_view,
     index_prefill,
     insert_index_k,
     insert_kv,
@@ -43,3 +44,10 @@ from ._flashmsa import (  # noqa: F401
 )
 
 __version__ = version()
+
+try:  # torch custom ops (torch.ops.flashmsa.*), when torch is importable
+    import torch as _torch  # noqa: F401
+except ImportError:
+    torch_ops = None
+else:
+    from . import torch_ops  # noqa: F401

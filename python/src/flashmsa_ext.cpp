@@ -239,6 +239,21 @@ NB_MODULE(_flashmsa, m) {
       "separate / token_major (k and v buffers), stacked [pages, 2, Hkv, 128, D]; NVFP4 passes "
       "uint8 data and scale arrays. The arrays must outlive the view (they are kept alive).");
 
+  m.def(
+      "index_cache_view",
+      [](const std::string& dtype, const AnyArray& data, const std::optional<AnyArray>& scales) {
+        const TensorView t = view(data, "index_cache");
+        if (t.rank < 1) value_error("index_cache must have a page dimension");
+        const DType d = parse_dtype_arg(dtype, "dtype");
+        const std::int64_t index_dim = t.rank >= 3 ? (d == DType::kNvfp4 ? 2 * t.shape[2] : t.shape[2]) : 128;
+        return IndexCacheView::make(d, t.shape[0], index_dim, t.data, t.device,
+                                    scales ? scales->data() : nullptr);
+      },
+      nb::arg("dtype"), nb::arg("data"), nb::arg("scales") = nb::none(), nb::keep_alive<0, 2>(),
+      nb::keep_alive<0, 3>(),
+      "An IndexCache over a caller-owned [pages, 128, Di] array (NVFP4: uint8 data "
+      "[pages, 128, Di/2] and scales [pages, 128, Di/16]).");
+
   nb::class_<CacheManager>(m, "CacheManager",
                            "Page pools for the main and index caches; requests, block tables, "
                            "slot mappings.")

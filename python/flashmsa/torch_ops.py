@@ -1,0 +1,126 @@
+"""FlashMSA operations as torch custom ops (``torch.ops.flashmsa.*``).
+
+Registered when torch is importable (``import flashmsa`` does it), with fake implementations so
+``torch.compile(fullgraph=True)`` traces through them. The caches are passed as the engine's own
+tensors plus their layout, so nothing but tensors, ints, floats and strings crosses the op
+boundary:
+
+  kv_cache: the main cache tensor(s) in ``kv_layout`` ("packed": one [pages, Hkv, 128, 2D]
+            tensor; "separate"/"token_major": pass ``kv_cache_v`` too; "stacked"), dtype
+            ``kv_dtype`` (bf16, fp16, fp8_e4m3, fp8_e5m2).
+  index_cache: [pages, 128, Di] bf16 or fp8_e4m3.
+
+The layer configuration is MiniMax-M3's except for the arguments given (top-k, order, scales).
+Outputs are written into the ``out`` tensors the caller passes, so the ops allocate nothing but
+the top-k result of the index ops.
+"""
+
+from typing import Optional
+
+import torch
+
+from . import _flashmsa as _C
+
+_ORDERS = {"ascending": _C.TopkOrder.ascending, "score_desc": _C.TopkOrder.score_desc,
+           "local_last": _C.TopkOrder.local_last}
+
+
+def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.Config":
+    c = _C.Config()
+    c.sparse_topk_blocks = topk
+    if topk_order not in _ORDERS:
+        raise ValueError(f"topk_order must be one of {', '.join(_ORDERS)}, got {topk_order!r}")
+    c.topk_order = _ORDERS[topk_order]
+    c.index_cache_dtype = index_dtype
+    c.kv_cache_dtype = kv_dtype
+    if index_dtype == "fp8_e4m3":
+        c.indexer_kv_dtype = "fp8"
+        c.implementation = "msa"
+    return c
+
+
+def _index_cache(index_cache: torch.Tensor, index_dtype: str):
+    # An index cache is the same strided structure as a one-head "separate" main cache plane.
+    return _C.index_cache_view(index_dtype, index_cache)
+
+
+def _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale):
+    return _C.kv_cache(kv_layout, kv_dtype, kv_cache, kv_cache_v, num_kv_heads=4, head_dim=128,
+                       k_scale=k_scale, v_scale=v_scale)
+
+
+@torch.library.custom_op("flashmsa::index_prefill", mutates_args=())
+def index_prefill(index_q: torch.Tensor, index_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                  seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int = 16,
+                  topk_order: str = "ascending", index_dtype: str = "bf16") -> torch.Tensor:
+    """Top-k block ids, int32 [4, T, topk], for index_q [T, 4, 128] over a ragged batch."""
+    c = _config(topk, topk_order, index_dtype, "bf16")
+    out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+    _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype), cu_seqlens_q, seq_lens,
+                     block_table, out=out)
+    return out
+
+
+@index_prefill.register_fake
+def _(index_q, index_cache, cu_seqlens_q, seq_lens, block_table, topk=16,
+      topk_order="ascending", index_dtype="bf16"):
+    return index_q.new_empty((4, index_q.shape[0], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op("flashmsa::index_decode", mutates_args=())
+def index_decode(index_q: torch.Tensor, index_cache: torch.Tensor, seq_lens: torch.Tensor,
+                 block_table: torch.Tensor, decode_query_len: int = 1, topk: int = 16,
+                 topk_order: str = "ascending", index_dtype: str = "bf16") -> torch.Tensor:
+    """Top-k block ids, int32 [4, B * decode_query_len, topk], for decode rows."""
+    c = _config(topk, topk_order, index_dtype, "bf16")
+    out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+    _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype), seq_lens, block_table,
+                    decode_query_len=decode_query_len, out=out)
+    return out
+
+
+@index_decode.register_fake
+def _(index_q, index_cache, seq_lens, block_table, decode_query_len=1, topk=16,
+      topk_order="ascending", index_dtype="bf16"):
+    return index_q.new_empty((4, index_q.shape[0], topk), dtype=torch.int32)
+
+
+@torch.library.custom_op("flashmsa::sparse_attention_prefill", mutates_args=("out",))
+def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
+                             kv_cache_v: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor,
+                             seq_lens: torch.Tensor, block_table: torch.Tensor,
+                             topk: torch.Tensor, out: torch.Tensor, kv_layout: str = "packed",
+                             kv_dtype: str = "bf16", k_scale: float = 1.0,
+                             v_scale: float = 1.0) -> None:
+    """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out."""
+    c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+    _C.sparse_attention_prefill(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
+                                                k_scale, v_scale),
+                                cu_seqlens_q, seq_lens, block_table, topk, out)
+
+
+@sparse_attention_prefill.register_fake
+def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out,
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op("flashmsa::sparse_attention_decode", mutates_args=("out",))
+def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
+                            kv_cache_v: Optional[torch.Tensor], seq_lens: torch.Tensor,
+                            block_table: torch.Tensor, topk: torch.Tensor, out: torch.Tensor,
+                            decode_query_len: int = 1, kv_layout: str = "packed",
+                            kv_dtype: str = "bf16", k_scale: float = 1.0,
+                            v_scale: float = 1.0) -> None:
+    """Decode attention of q [B * decode_query_len, 64, 128] into out."""
+    c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+    _C.sparse_attention_decode(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
+                                               k_scale, v_scale),
+                               seq_lens, block_table, topk, out,
+                               decode_query_len=decode_query_len)
+
+
+@sparse_attention_decode.register_fake
+def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, decode_query_len=1,
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+    return None
