@@ -41,8 +41,8 @@ DType to_dtype(const nb::dlpack::dtype& d, const char* name) {
   if (code == C::Float && d.bits == 32) return DType::kFp32;
   if (code == C::Float8_E4M3FN) return DType::kFp8E4m3;
   if (code == C::Float8_E5M2) return DType::kFp8E5m2;
-  value_error(std::string(name) + ": unsupported dtype (code " + std::to_string(d.code) +
-              ", " + std::to_string(d.bits) + " bits)");
+  value_error(std::string(name) + ": unsupported dtype (code " + std::to_string(d.code) + ", " +
+              std::to_string(d.bits) + " bits)");
 }
 
 TensorView view(const AnyArray& a, const char* name) {
@@ -171,8 +171,11 @@ NB_MODULE(_flashmsa, m) {
       .def_rw("implementation", &Config::implementation)
       .def_rw("head_dim", &Config::head_dim)
       .def_prop_rw(
-          "kv_cache_dtype", [](const Config& c) { return std::string(to_string(c.kv_cache_dtype)); },
-          [](Config& c, const std::string& s) { c.kv_cache_dtype = parse_dtype_arg(s, "kv_cache_dtype"); })
+          "kv_cache_dtype",
+          [](const Config& c) { return std::string(to_string(c.kv_cache_dtype)); },
+          [](Config& c, const std::string& s) {
+            c.kv_cache_dtype = parse_dtype_arg(s, "kv_cache_dtype");
+          })
       .def_prop_rw(
           "index_cache_dtype",
           [](const Config& c) { return std::string(to_string(c.index_cache_dtype)); },
@@ -192,8 +195,9 @@ NB_MODULE(_flashmsa, m) {
             return out;
           },
           "Every problem of this config (empty when valid), each naming field, value and rule.")
-      .def("check", [](const Config& c) { c.check(); },
-           "Raise ValueError listing every problem, if any.")
+      .def(
+          "check", [](const Config& c) { c.check(); },
+          "Raise ValueError listing every problem, if any.")
       .def(
           "unsupported_reason",
           [](const Config& c, const std::string& backend) {
@@ -216,15 +220,15 @@ NB_MODULE(_flashmsa, m) {
       "kv_cache",
       [](const std::string& layout, const std::string& dtype, const AnyArray& k,
          const std::optional<AnyArray>& v, const std::optional<AnyArray>& k_scales,
-         const std::optional<AnyArray>& v_scales, int num_kv_heads, int head_dim,
-         float k_scale, float v_scale) {
+         const std::optional<AnyArray>& v_scales, int num_kv_heads, int head_dim, float k_scale,
+         float v_scale) {
         const TensorView kt = view(k, "k");
         if (kt.rank < 1) value_error("k must have a page dimension");
         KvCacheShape shape{kt.shape[0], num_kv_heads, head_dim, 128};
-        KvCacheView out = KvCacheView::make(
-            parse_layout(layout), parse_dtype_arg(dtype, "dtype"), shape, kt.data,
-            v ? v->data() : nullptr, kt.device, k_scales ? k_scales->data() : nullptr,
-            v_scales ? v_scales->data() : nullptr);
+        KvCacheView out = KvCacheView::make(parse_layout(layout), parse_dtype_arg(dtype, "dtype"),
+                                            shape, kt.data, v ? v->data() : nullptr, kt.device,
+                                            k_scales ? k_scales->data() : nullptr,
+                                            v_scales ? v_scales->data() : nullptr);
         out.k_scale = k_scale;
         out.v_scale = v_scale;
         out.validate();
@@ -245,7 +249,8 @@ NB_MODULE(_flashmsa, m) {
         const TensorView t = view(data, "index_cache");
         if (t.rank < 1) value_error("index_cache must have a page dimension");
         const DType d = parse_dtype_arg(dtype, "dtype");
-        const std::int64_t index_dim = t.rank >= 3 ? (d == DType::kNvfp4 ? 2 * t.shape[2] : t.shape[2]) : 128;
+        const std::int64_t index_dim =
+            t.rank >= 3 ? (d == DType::kNvfp4 ? 2 * t.shape[2] : t.shape[2]) : 128;
         return IndexCacheView::make(d, t.shape[0], index_dim, t.data, t.device,
                                     scales ? scales->data() : nullptr);
       },
@@ -283,10 +288,11 @@ NB_MODULE(_flashmsa, m) {
       .def("free_request", &CacheManager::free_request)
       .def("length", &CacheManager::length)
       .def("free_pages", &CacheManager::free_pages)
-      .def("pages", [](const CacheManager& cm, std::int64_t id) {
-        const auto p = cm.pages(id);
-        return std::vector<std::int32_t>(p.begin(), p.end());
-      })
+      .def("pages",
+           [](const CacheManager& cm, std::int64_t id) {
+             const auto p = cm.pages(id);
+             return std::vector<std::int32_t>(p.begin(), p.end());
+           })
       .def(
           "block_table",
           [](const CacheManager& cm, const std::vector<std::int64_t>& ids, std::int64_t max_blocks,
@@ -380,9 +386,9 @@ NB_MODULE(_flashmsa, m) {
           topk = view(*out, "out");
           result = nb::borrow(nb::cast(*out));
         } else {
-          auto a = new_array<std::int32_t>({static_cast<size_t>(hkv),
-                                            static_cast<size_t>(q.shape[0]),
-                                            static_cast<size_t>(c.sparse_topk_blocks)});
+          auto a =
+              new_array<std::int32_t>({static_cast<size_t>(hkv), static_cast<size_t>(q.shape[0]),
+                                       static_cast<size_t>(c.sparse_topk_blocks)});
           topk = TensorView::contiguous(a.data(), DType::kInt32,
                                         {hkv, q.shape[0], c.sparse_topk_blocks});
           result = nb::cast(a);
@@ -454,9 +460,9 @@ NB_MODULE(_flashmsa, m) {
           topk = view(*out, "out");
           result = nb::borrow(nb::cast(*out));
         } else {
-          auto a = new_array<std::int32_t>({static_cast<size_t>(hkv),
-                                            static_cast<size_t>(q.shape[0]),
-                                            static_cast<size_t>(c.sparse_topk_blocks)});
+          auto a =
+              new_array<std::int32_t>({static_cast<size_t>(hkv), static_cast<size_t>(q.shape[0]),
+                                       static_cast<size_t>(c.sparse_topk_blocks)});
           topk = TensorView::contiguous(a.data(), DType::kInt32,
                                         {hkv, q.shape[0], c.sparse_topk_blocks});
           result = nb::cast(a);
@@ -480,8 +486,8 @@ NB_MODULE(_flashmsa, m) {
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
          const AnyArray& block_table, const AnyArray& topk, const AnyArray& out,
          int decode_query_len, const std::optional<AnyArray>& lse,
-         const std::optional<AnyArray>& mxfp8_scales, const std::string& scale_layout,
-         bool checked, int threads) {
+         const std::optional<AnyArray>& mxfp8_scales, const std::string& scale_layout, bool checked,
+         int threads) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           decode_query_len};
         AttentionOutputs o;
