@@ -15,19 +15,13 @@ namespace {
 
 constexpr std::initializer_list<DType> kActivationDtypes{DType::kBf16, DType::kFp16, DType::kFp32};
 
-// Host-readable int32/int64 entry i of a 1-d tensor.
-std::int64_t host_index(const TensorView& t, std::int64_t i) {
-  return t.dtype == DType::kInt32 ? t.as<const std::int32_t>()[i * t.stride[0]]
-                                  : t.as<const std::int64_t>()[i * t.stride[0]];
-}
-
 // The checked mode: the first slot at or beyond the capacity is an error (negative slots mean
 // "do not write" and are fine).
 void check_slot_values(const TensorView& slots, std::int64_t capacity, const char* name) {
   FLASHMSA_CHECK_SUPPORTED(slots.device == Device::kCpu,
                            "checked mode for CUDA tensors is not implemented yet");
   for (std::int64_t t = 0; t < slots.shape[0]; ++t) {
-    const std::int64_t s = host_index(slots, t);
+    const std::int64_t s = slots.integer_at(t);
     FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s, " is beyond the cache capacity of ",
                        capacity, " slots");
   }

@@ -40,6 +40,11 @@ struct TensorView {
   T* as() const noexcept {
     return static_cast<T*>(data);
   }
+  // Element i of a host int32 or int64 vector (positions, slots).
+  std::int64_t integer_at(std::int64_t i) const noexcept {
+    return dtype == DType::kInt32 ? as<const std::int32_t>()[i * stride[0]]
+                                  : as<const std::int64_t>()[i * stride[0]];
+  }
 };
 
 // Throws Error(kInvalidArgument) naming `name` unless `t` has this dtype, device and shape (-1 in

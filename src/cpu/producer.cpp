@@ -36,11 +36,6 @@ struct HeadTransform {
   }
 };
 
-std::int64_t load_index(const TensorView& t, std::int64_t i) {
-  return t.dtype == DType::kInt32 ? t.as<const std::int32_t>()[i * t.stride[0]]
-                                  : t.as<const std::int64_t>()[i * t.stride[0]];
-}
-
 }  // namespace
 
 void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvCacheView& kv_cache,
@@ -80,7 +75,7 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
         for (std::int64_t t = task * kTokensPerTask;
              t < std::min(num_tokens, (task + 1) * kTokensPerTask); ++t) {
           // The engines' fp32 angle: float(position) * inv_freq in fp32.
-          const auto p = static_cast<float>(load_index(in.positions, t));
+          const auto p = static_cast<float>(in.positions.integer_at(t));
           for (std::int64_t i = 0; i < half; ++i) {
             const float angle = p * inv_freq[i];
             cos_a[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
@@ -107,7 +102,7 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
             iq_tr.apply(x.data(), di, cos_a, sin_a);
             store(out.index_q, h, di);
           }
-          const std::int64_t slot = load_index(in.slot_mapping, t);
+          const std::int64_t slot = in.slot_mapping.integer_at(t);
           if (slot >= 0 && slot < kv_cache.capacity_tokens()) {
             const std::int64_t page = slot / kv_cache.shape.page_size;
             const std::int64_t offset = slot % kv_cache.shape.page_size;
@@ -127,7 +122,7 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                                kv_cache.v_scale);
             }
           }
-          const std::int64_t index_slot = load_index(index_slots, t);
+          const std::int64_t index_slot = index_slots.integer_at(t);
           if (index_slot >= 0 && index_slot < index_cache.capacity_tokens()) {
             const std::int64_t page = index_slot / index_cache.page_size;
             const std::int64_t offset = index_slot % index_cache.page_size;
