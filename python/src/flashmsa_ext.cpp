@@ -108,6 +108,16 @@ KvLayout parse_layout(const std::string& name) {
   value_error("layout must be one of packed, separate, stacked, token_major, got '" + name + "'");
 }
 
+// The top-k output: the caller's `out`, or a new int32 [hkv, rows, k] numpy array.
+std::pair<nb::object, TensorView> topk_output(const std::optional<AnyArray>& out, std::int64_t hkv,
+                                              std::int64_t rows, std::int64_t k) {
+  if (out) return {nb::cast(*out), view(*out, "out")};
+  auto a = new_array<std::int32_t>(
+      {static_cast<size_t>(hkv), static_cast<size_t>(rows), static_cast<size_t>(k)});
+  const TensorView t = TensorView::contiguous(a.data(), DType::kInt32, {hkv, rows, k});
+  return {nb::cast(a), t};
+}
+
 OpOptions op_options(bool checked, int threads) {
   OpOptions o;
   o.checked = checked;
@@ -380,19 +390,7 @@ NB_MODULE(_flashmsa, m) {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
-        nb::object result;
-        TensorView topk;
-        if (out) {
-          topk = view(*out, "out");
-          result = nb::borrow(nb::cast(*out));
-        } else {
-          auto a =
-              new_array<std::int32_t>({static_cast<size_t>(hkv), static_cast<size_t>(q.shape[0]),
-                                       static_cast<size_t>(c.sparse_topk_blocks)});
-          topk = TensorView::contiguous(a.data(), DType::kInt32,
-                                        {hkv, q.shape[0], c.sparse_topk_blocks});
-          result = nb::cast(a);
-        }
+        auto [result, topk] = topk_output(out, hkv, q.shape[0], c.sparse_topk_blocks);
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         {
@@ -454,19 +452,7 @@ NB_MODULE(_flashmsa, m) {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
-        nb::object result;
-        TensorView topk;
-        if (out) {
-          topk = view(*out, "out");
-          result = nb::borrow(nb::cast(*out));
-        } else {
-          auto a =
-              new_array<std::int32_t>({static_cast<size_t>(hkv), static_cast<size_t>(q.shape[0]),
-                                       static_cast<size_t>(c.sparse_topk_blocks)});
-          topk = TensorView::contiguous(a.data(), DType::kInt32,
-                                        {hkv, q.shape[0], c.sparse_topk_blocks});
-          result = nb::cast(a);
-        }
+        auto [result, topk] = topk_output(out, hkv, q.shape[0], c.sparse_topk_blocks);
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           decode_query_len};
         {
