@@ -9,6 +9,7 @@
 #include "flashmsa/formats.hpp"
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
+#include "src/cuda/cuda_ops.hpp"
 
 namespace flashmsa {
 namespace {
@@ -45,7 +46,10 @@ void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& 
   check_tensor(v, "v", kActivationDtypes, cache.device, {num_tokens, h, d});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {num_tokens});
   if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping");
-  if (cache.device == Device::kCuda) cuda_not_available("insert_kv");
+  if (cache.device == Device::kCuda) {
+    cuda::insert_kv(cache, k, v, slot_mapping, options.stream);
+    return;
+  }
   cpu::insert_kv(cache, k, v, slot_mapping);
 }
 
@@ -55,7 +59,10 @@ void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
   check_tensor(index_k, "index_k", kActivationDtypes, cache.device, {-1, cache.index_dim});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {index_k.shape[0]});
   if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping");
-  if (cache.device == Device::kCuda) cuda_not_available("insert_index_k");
+  if (cache.device == Device::kCuda) {
+    cuda::insert_index_k(cache, index_k, slot_mapping, options.stream);
+    return;
+  }
   cpu::insert_index_k(cache, index_k, slot_mapping);
 }
 

@@ -1,5 +1,6 @@
 // The CUDA entry points of a build without CUDA.
 #include "flashmsa/error.hpp"
+#include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/device_info.hpp"
 
 namespace flashmsa::cuda {
@@ -20,6 +21,14 @@ void* device_malloc(std::size_t) {
 void device_free(void*) noexcept {}
 void device_memset(void*, int, std::size_t) {
   throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
+}
+
+void insert_kv(const KvCacheView&, const TensorView&, const TensorView&, const TensorView&,
+               void*) {
+  throw Error(ErrorKind::kUnsupported, "insert_kv: CUDA tensors, but this build has no CUDA");
+}
+void insert_index_k(const IndexCacheView&, const TensorView&, const TensorView&, void*) {
+  throw Error(ErrorKind::kUnsupported, "insert_index_k: CUDA tensors, but this build has no CUDA");
 }
 
 }  // namespace flashmsa::cuda

@@ -1,0 +1,207 @@
+// Cache insertion on the GPU: each (token, head, K-or-V) row is written by 16 threads, each
+// taking 8 consecutive elements with 16-byte loads (32 for fp32 input) and quantizing them to the
+// cache dtype with the same format code as the CPU backend, so the bytes are identical. NVFP4
+// groups of 16 span two threads, which share their amax through one shuffle. Slots that are
+// negative or past the capacity write nothing; nothing else is read from device memory.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "flashmsa/error.hpp"
+#include "flashmsa/formats.hpp"
+#include "src/cuda/cuda_ops.hpp"
+
+namespace flashmsa::cuda {
+namespace {
+
+constexpr int kElemsPerThread = 8;
+constexpr int kThreadsPerBlock = 256;
+
+// One plane to write (K, V or index-K) and the activation rows that feed it.
+struct PlaneParams {
+  const void* src;          // [T, heads, dim] activations
+  std::int64_t src_stride_token, src_stride_head;  // elements
+  std::byte* dst;           // CachePlane::data
+  std::int64_t page_stride, head_stride, token_stride;  // bytes
+  std::byte* scale_dst;     // NVFP4 scale plane, or null
+  std::int64_t scale_page_stride, scale_head_stride, scale_token_stride;
+  float scale;              // per-tensor fp8 scale: fp8 stores x / scale
+};
+
+struct InsertParams {
+  PlaneParams planes[2];    // K and V (index-K: one plane)
+  int num_planes;
+  const std::int64_t* slots;  // [T]
+  std::int64_t slot_stride;
+  std::int64_t num_tokens, num_heads, dim, page_size, capacity;
+  DType src_dtype, cache_dtype;
+};
+
+__global__ void __launch_bounds__(kThreadsPerBlock) insert_kernel(const InsertParams p) {
+  const int threads_per_row = static_cast<int>(p.dim / kElemsPerThread);
+  const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const std::int64_t row = thread / threads_per_row;  // (token, plane, head)
+  const int part = static_cast<int>(thread % threads_per_row);
+  const std::int64_t rows = p.num_tokens * p.num_planes * p.num_heads;
+  // Whole NVFP4 groups live in one row, so both threads of a group see the same `row`.
+  const bool active = row < rows;
+  const std::int64_t token = active ? row / (p.num_planes * p.num_heads) : 0;
+  const int plane = active ? static_cast<int>(row / p.num_heads % p.num_planes) : 0;
+  const std::int64_t head = active ? row % p.num_heads : 0;
+  const std::int64_t slot = active ? p.slots[token * p.slot_stride] : -1;
+  const bool write = active && slot >= 0 && slot < p.capacity;
+  const PlaneParams& pl = p.planes[plane];
+
+  float x[kElemsPerThread];
+  const std::int64_t src_base =
+      token * pl.src_stride_token + head * pl.src_stride_head + part * kElemsPerThread;
+  if (write) {
+    if (p.src_dtype == DType::kFp32) {
+      const float4* s = reinterpret_cast<const float4*>(static_cast<const float*>(pl.src) + src_base);
+      const float4 a = s[0], b = s[1];
+      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(pl.src) + src_base);
+      const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(&raw);
+      for (int i = 0; i < kElemsPerThread; ++i) {
+        x[i] = p.src_dtype == DType::kBf16 ? fmt::bf16_to_float(h[i]) : fmt::fp16_to_float(h[i]);
+      }
+    }
+  } else {
+    for (float& v : x) v = 0.0f;
+  }
+
+  const std::int64_t page = slot / p.page_size, offset = slot % p.page_size;
+  std::byte* dst = pl.dst + page * pl.page_stride + head * pl.head_stride + offset * pl.token_stride;
+  if (p.cache_dtype == DType::kNvfp4) {
+    // The group's amax from both halves (inactive lanes contribute 0 and write nothing).
+    float amax = fmt::nan_ignoring_amax(x, kElemsPerThread);
+    const float other = __shfl_xor_sync(0xffffffffu, amax, 1);
+    amax = other > amax ? other : amax;
+    if (!write) return;
+    const std::uint8_t scale_code = fmt::float_to_e4m3(amax / 6.0f);
+    const float s = fmt::e4m3_to_float(scale_code);
+    std::uint32_t packed = 0;
+    for (int i = 0; i < kElemsPerThread / 2; ++i) {
+      const std::uint32_t lo = s == 0.0f ? 0u : fmt::float_to_e2m1(x[2 * i] / s);
+      const std::uint32_t hi = s == 0.0f ? 0u : fmt::float_to_e2m1(x[2 * i + 1] / s);
+      packed |= (lo | (hi << 4)) << (8 * i);
+    }
+    *reinterpret_cast<std::uint32_t*>(dst + part * 4) = packed;
+    if ((part & 1) == 0) {
+      pl.scale_dst[page * pl.scale_page_stride + head * pl.scale_head_stride +
+                   offset * pl.scale_token_stride + part / 2] = static_cast<std::byte>(scale_code);
+    }
+    return;
+  }
+  if (!write) return;
+  if (p.cache_dtype == DType::kBf16 || p.cache_dtype == DType::kFp16) {
+    uint4 out;
+    std::uint16_t* o = reinterpret_cast<std::uint16_t*>(&out);
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      o[i] = p.cache_dtype == DType::kBf16 ? fmt::float_to_bf16(x[i]) : fmt::float_to_fp16(x[i]);
+    }
+    *reinterpret_cast<uint4*>(dst + part * 16) = out;
+  } else {
+    uint2 out;
+    std::uint8_t* o = reinterpret_cast<std::uint8_t*>(&out);
+    for (int i = 0; i < kElemsPerThread; ++i) {
+      // x / scale, as the CPU backend computes it (a division, not a multiply by 1/scale).
+      const float q = x[i] / pl.scale;
+      o[i] = p.cache_dtype == DType::kFp8E4m3 ? fmt::float_to_e4m3(q) : fmt::float_to_e5m2(q);
+    }
+    *reinterpret_cast<uint2*>(dst + part * 8) = out;
+  }
+}
+
+PlaneParams plane_params(const TensorView& src, const CachePlane& plane,
+                         const CachePlane& scales, float scale) {
+  PlaneParams p{};
+  p.src = src.data;
+  p.src_stride_token = src.stride[0];
+  p.src_stride_head = src.rank == 3 ? src.stride[1] : 0;
+  p.dst = static_cast<std::byte*>(plane.data);
+  p.page_stride = plane.page_stride;
+  p.head_stride = plane.head_stride;
+  p.token_stride = plane.token_stride;
+  p.scale_dst = static_cast<std::byte*>(scales.data);
+  p.scale_page_stride = scales.page_stride;
+  p.scale_head_stride = scales.head_stride;
+  p.scale_token_stride = scales.token_stride;
+  p.scale = scale;
+  return p;
+}
+
+// 16-byte accesses need 16-byte aligned rows on both sides.
+void check_alignment(const TensorView& src, const char* name, const CachePlane& plane) {
+  const std::int64_t elem = dtype_bits(src.dtype) / 8;
+  const bool src_ok = reinterpret_cast<std::uintptr_t>(src.data) % 16 == 0 &&
+                      (src.stride[0] * elem) % 16 == 0 &&
+                      (src.rank < 3 || (src.stride[1] * elem) % 16 == 0);
+  FLASHMSA_CHECK_ARG(src_ok, name,
+                     " must have 16-byte aligned rows on the CUDA backend (data pointer and "
+                     "strides)");
+  const bool dst_ok = reinterpret_cast<std::uintptr_t>(plane.data) % 4 == 0 &&
+                      plane.page_stride % 4 == 0 && plane.head_stride % 4 == 0 &&
+                      plane.token_stride % 4 == 0;
+  FLASHMSA_CHECK_ARG(dst_ok, "the cache's rows must be 4-byte aligned on the CUDA backend");
+}
+
+void launch(const InsertParams& p, void* stream) {
+  const std::int64_t threads = p.num_tokens * p.num_planes * p.num_heads * (p.dim / kElemsPerThread);
+  if (threads == 0) return;
+  const std::int64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
+  insert_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0,
+                  static_cast<cudaStream_t>(stream)>>>(p);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& v,
+               const TensorView& slot_mapping, void* stream) {
+  FLASHMSA_CHECK_SUPPORTED(cache.shape.head_dim % 16 == 0,
+                           "the CUDA insertion needs head_dim to be a multiple of 16, got ",
+                           cache.shape.head_dim);
+  check_alignment(k, "k", cache.k);
+  check_alignment(v, "v", cache.v);
+  InsertParams p{};
+  p.planes[0] = plane_params(k, cache.k, cache.k_block_scale, cache.k_scale);
+  p.planes[1] = plane_params(v, cache.v, cache.v_block_scale, cache.v_scale);
+  p.num_planes = 2;
+  p.slots = slot_mapping.as<const std::int64_t>();
+  p.slot_stride = slot_mapping.stride[0];
+  p.num_tokens = k.shape[0];
+  p.num_heads = cache.shape.num_kv_heads;
+  p.dim = cache.shape.head_dim;
+  p.page_size = cache.shape.page_size;
+  p.capacity = cache.capacity_tokens();
+  p.src_dtype = k.dtype;
+  p.cache_dtype = cache.dtype;
+  FLASHMSA_CHECK_ARG(v.dtype == k.dtype, "v must have the dtype of k (", to_string(k.dtype),
+                     "), got ", to_string(v.dtype));
+  launch(p, stream);
+}
+
+void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
+                    const TensorView& slot_mapping, void* stream) {
+  FLASHMSA_CHECK_SUPPORTED(cache.index_dim % 16 == 0,
+                           "the CUDA insertion needs index_dim to be a multiple of 16, got ",
+                           cache.index_dim);
+  check_alignment(index_k, "index_k", cache.k);
+  InsertParams p{};
+  p.planes[0] = plane_params(index_k, cache.k, cache.block_scale, 1.0f);
+  p.num_planes = 1;
+  p.slots = slot_mapping.as<const std::int64_t>();
+  p.slot_stride = slot_mapping.stride[0];
+  p.num_tokens = index_k.shape[0];
+  p.num_heads = 1;
+  p.dim = cache.index_dim;
+  p.page_size = cache.page_size;
+  p.capacity = cache.capacity_tokens();
+  p.src_dtype = index_k.dtype;
+  p.cache_dtype = cache.dtype;
+  launch(p, stream);
+}
+
+}  // namespace flashmsa::cuda
