@@ -23,7 +23,7 @@ if [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3
   # extension with its own C++ runtime crashes on its first exception once numpy or torch has
   # loaded the system one. Name the system libstdc++.so explicitly so the module uses it.
   libstdcxx=/usr/lib/gcc/x86_64-linux-gnu/$(g++ -dumpversion | cut -d. -f1)/libstdc++.so
-  [ -e "$libstdcxx" ] && python_args+=("-DCMAKE_MODULE_LINKER_FLAGS=$libstdcxx")
+  [ -e "$libstdcxx" ] && python_args+=("-DFLASHMSA_PYTHON_LIBSTDCXX=$libstdcxx")
 fi
 cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1 ||
   { cat "$logs/configure.log"; exit 1; }
