@@ -125,7 +125,7 @@ struct Step {
   std::vector<std::int64_t> slots, positions;
   std::vector<int> request_of_row;
   std::vector<bool> sampled;
-  std::int64_t rows = 0, max_blocks = 0;
+  std::int64_t rows = 0;
 };
 
 std::int64_t elem_bytes(DType d) {
@@ -196,7 +196,6 @@ Report run_simulation(const RunOptions& o,
       max_blocks = std::max<std::int64_t>(max_blocks, cm.pages(ids[r]).size());
     }
     st.rows = st.cu.back();
-    st.max_blocks = max_blocks;
     st.table = cm.block_table(ids, max_blocks);
     const std::int64_t T = st.rows;
     const std::int64_t B = o.requests;
