@@ -34,6 +34,16 @@ ResolvedHeads Config::resolve_heads(const ModelHeads& model) const {
   return {q, kv};
 }
 
+void Config::set_index_cache_dtype(DType dtype) {
+  index_cache_dtype = dtype;
+  if (dtype == DType::kFp8E4m3) {
+    indexer_kv_dtype = "fp8";
+    implementation = "msa";
+  } else {
+    indexer_kv_dtype = "bf16";
+  }
+}
+
 float Config::resolved_softmax_scale() const {
   return softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
 }

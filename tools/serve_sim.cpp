@@ -146,11 +146,7 @@ Report run_simulation(const RunOptions& o,
                       const std::function<void(double, const char*)>& progress) {
   Config config;
   config.kv_cache_dtype = o.kv_dtype;
-  config.index_cache_dtype = o.index_dtype;
-  if (o.index_dtype == DType::kFp8E4m3) {
-    config.indexer_kv_dtype = "fp8";
-    config.implementation = "msa";
-  }
+  config.set_index_cache_dtype(o.index_dtype);
   config.topk_order = o.topk_order;
   config.sparse_topk_blocks = o.topk;
   config.check();

@@ -79,6 +79,10 @@ struct Config {
 
   static constexpr int kDefaultNumAttentionHeads = 64;
 
+  // Sets index_cache_dtype together with what it implies: the fp8 indexer (indexer_kv_dtype
+  // "fp8", which TensorRT-LLM allows only with implementation "msa") for fp8_e4m3, else bf16.
+  void set_index_cache_dtype(DType dtype);
+
   // Config value, then the model's, then the default; kv heads fall back to the q heads.
   ResolvedHeads resolve_heads(const ModelHeads& model = {}) const;
   float resolved_softmax_scale() const;

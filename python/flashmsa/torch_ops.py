@@ -31,11 +31,8 @@ def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.
     if topk_order not in _ORDERS:
         raise ValueError(f"topk_order must be one of {', '.join(_ORDERS)}, got {topk_order!r}")
     c.topk_order = _ORDERS[topk_order]
-    c.index_cache_dtype = index_dtype
+    c.set_index_cache_dtype(index_dtype)
     c.kv_cache_dtype = kv_dtype
-    if index_dtype == "fp8_e4m3":
-        c.indexer_kv_dtype = "fp8"
-        c.implementation = "msa"
     return c
 
 

@@ -192,6 +192,13 @@ NB_MODULE(_flashmsa, m) {
           [](Config& c, const std::string& s) {
             c.index_cache_dtype = parse_dtype_arg(s, "index_cache_dtype");
           })
+      .def(
+          "set_index_cache_dtype",
+          [](Config& c, const std::string& s) {
+            c.set_index_cache_dtype(parse_dtype_arg(s, "index_cache_dtype"));
+          },
+          nb::arg("dtype"),
+          "Set index_cache_dtype and what it implies (the fp8 indexer for fp8_e4m3).")
       .def_rw("softmax_scale", &Config::softmax_scale)
       .def_rw("rope_dim", &Config::rope_dim)
       .def_rw("rope_theta", &Config::rope_theta)

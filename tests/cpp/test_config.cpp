@@ -133,6 +133,17 @@ TEST(Config, Fp8IndexerAndFusedProjectionDependencies) {
   EXPECT_TRUE(has_problem(c, "index_cache_dtype must be bf16 or nvfp4"));
 }
 
+TEST(Config, SetIndexCacheDtypeKeepsTheIndexerConsistent) {
+  Config c;
+  c.set_index_cache_dtype(DType::kFp8E4m3);
+  EXPECT_EQ(c.indexer_kv_dtype, "fp8");
+  EXPECT_EQ(c.implementation, "msa");
+  EXPECT_TRUE(c.validate().empty());
+  c.set_index_cache_dtype(DType::kNvfp4);
+  EXPECT_EQ(c.indexer_kv_dtype, "bf16");
+  EXPECT_TRUE(c.validate().empty());
+}
+
 TEST(Config, DtypeRules) {
   Config c;
   c.kv_cache_dtype = DType::kFp32;

@@ -161,11 +161,7 @@ void PrintTo(const IndexCase& c, std::ostream* os) {
 
 Config config_for(const IndexCase& ic) {
   Config c;
-  c.index_cache_dtype = ic.index_dtype;
-  if (ic.index_dtype == DType::kFp8E4m3) {
-    c.indexer_kv_dtype = "fp8";
-    c.implementation = "msa";
-  }
+  c.set_index_cache_dtype(ic.index_dtype);
   c.topk_order = ic.order;
   c.sparse_init_blocks = ic.init;
   c.sparse_local_blocks = ic.local;
@@ -281,9 +277,7 @@ TEST(Indexer, ArgumentErrors) {
     EXPECT_EQ(e.message(), "topk must have shape [4, 3, 16], got [4, 3, 8]");
   }
   Config fp8 = c;
-  fp8.indexer_kv_dtype = "fp8";
-  fp8.implementation = "msa";
-  fp8.index_cache_dtype = DType::kFp8E4m3;
+  fp8.set_index_cache_dtype(DType::kFp8E4m3);
   try {
     index_prefill(fp8, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out);
     FAIL();

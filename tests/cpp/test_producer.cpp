@@ -104,11 +104,7 @@ TEST_P(Producer, MatchesTheFp64OracleAndWritesOnlyItsRows) {
   const ProducerCase& pc = GetParam();
   Config c;
   c.kv_cache_dtype = pc.kv_dtype;
-  c.index_cache_dtype = pc.index_dtype;
-  if (pc.index_dtype == DType::kFp8E4m3) {
-    c.indexer_kv_dtype = "fp8";
-    c.implementation = "msa";
-  }
+  c.set_index_cache_dtype(pc.index_dtype);
   ASSERT_TRUE(c.validate().empty());
   const std::int64_t Hq = 64, Hkv = 4, Hidx = 4, D = 128, Di = 128, T = 24;
   const KvCacheShape shape{4, Hkv, D, 128};
