@@ -20,24 +20,27 @@ void use_single_threaded_blas() {
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
 }
+
+void sgemm(CBLAS_TRANSPOSE trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
+           float* c, std::int64_t ldc) {
+  use_single_threaded_blas();
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b, static_cast<int>(m), static_cast<int>(n),
+              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
+              c, static_cast<int>(ldc));
+}
 }  // namespace
 
 void gemm_nt(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc) {
-  use_single_threaded_blas();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  sgemm(CblasTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 void gemm_nn(std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
              std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
              std::int64_t ldc) {
-  use_single_threaded_blas();
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(m), static_cast<int>(n),
-              static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,
-              c, static_cast<int>(ldc));
+  sgemm(CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 const char* gemm_library() noexcept {
