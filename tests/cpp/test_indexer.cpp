@@ -83,6 +83,20 @@ int check_against_oracle(const Scenario& s, const IndexRun& run) {
       }
       const std::vector<std::int32_t> expected = ref::select_topk(c, scores, want.nvb);
       const std::vector<std::int32_t> ours(got, got + k);
+      if (c.topk_order == TopkOrder::kScoreDesc) {
+        // Our own order must follow our own exposed scores under the spec's total order (the
+        // oracle's order may differ only where scores nearly tie, checked below as a set).
+        auto key = [&](std::int32_t b) {
+          if (b < c.sparse_init_blocks) return 1e30;
+          if (b >= want.nvb - c.sparse_local_blocks) return 1e29;
+          return std::isnan(got_scores[b]) ? -1e30 : static_cast<double>(got_scores[b]);
+        };
+        for (std::int64_t i = 1; i < k && ours[i] >= 0; ++i) {
+          const double a = key(ours[i - 1]), b = key(ours[i]);
+          EXPECT_TRUE(a > b || (a == b && ours[i - 1] < ours[i]))
+              << "row " << t << " head " << h << ": score_desc order broken at " << i;
+        }
+      }
       if (ours == expected) continue;
       // Near-ties only: every block in one selection but not the other scores within the bound
       // of the k-th selected score.

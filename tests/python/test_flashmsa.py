@@ -132,7 +132,9 @@ def test_prefill_indexer_and_sparse_attention_match_numpy_oracle():
             for h in range(HKV):
                 want, scores = oracle_topk(from_bf16(iq[t, h]), ik, position)
                 got = list(topk[h, t])
-                if got != want:  # only near-ties may differ
+                # Only near-ties may differ: within the fp32 dot-product bound
+                # 128 * 2^-24 * sum|q_d k_d|, about 1e-3 for these N(0, 1) vectors.
+                if got != want:
                     diff = set(got) ^ set(want)
                     kth = min(scores[b] for b in want if b >= 0)
                     assert all(abs(scores[b] - kth) < 1e-3 for b in diff), (t, h, got, want)
