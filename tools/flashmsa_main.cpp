@@ -4,10 +4,9 @@
 
 #include <chrono>
 #include <cstdio>
-#include <cstring>
+#include <cerrno>
+#include <cstdlib>
 #include <fstream>
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -161,8 +160,8 @@ RunOptions parse_run(const std::vector<std::string>& args) {
 
 // Resolves --backend to what runs. The CUDA kernels are not written yet (issues 6 and 7), so
 // "auto" runs on the CPU and "cuda" explains why it cannot run.
-std::string choose_backend(const RunOptions& o) {
-  if (o.backend == "cpu" || o.backend == "auto") return "cpu";
+void require_runnable_backend(const RunOptions& o) {
+  if (o.backend == "cpu" || o.backend == "auto") return;
   if (auto why = backend_unavailable_reason(Backend::kCudaSm90)) {
     std::fprintf(stderr, "flashmsa: --backend cuda cannot run here: %s\n", why->c_str());
     std::exit(1);
@@ -200,7 +199,7 @@ class ProgressBar {
 int run(const std::vector<std::string>& args) {
   RunOptions o = parse_run(args);
   if (o.chunk > o.context) o.chunk = o.context;
-  choose_backend(o);
+  require_runnable_backend(o);
   tools::Report report;
   {
     ProgressBar bar(!o.quiet);
