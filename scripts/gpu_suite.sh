@@ -9,14 +9,23 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-sanitize=0
-[ "${1:-}" = "--sanitize" ] && sanitize=1
+# Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests;
+# GTEST_FILTER in the environment narrows them), --bench (also run the CUDA benchmark).
+sanitize=0 quick=0 bench=0
+for arg in "$@"; do
+  case $arg in
+    --sanitize) sanitize=1 ;;
+    --quick) quick=1 ;;
+    --bench) bench=1 ;;
+    *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --bench)"; exit 2 ;;
+  esac
+done
 logs=${OUT:-$root/build-gpu/logs}
 mkdir -p "$logs"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
 python_args=()
-if [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3 there has torch
+if [ $quick = 0 ] && [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3 there has torch
   python_args=(-DFLASHMSA_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)"
                "-Dnanobind_ROOT=$root/.deps/nanobind/cmake")
   # The GPU image's compiler wrapper links libstdc++ statically into shared objects; an
@@ -27,7 +36,10 @@ if [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3
 fi
 cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1 ||
   { cat "$logs/configure.log"; exit 1; }
-if ! cmake --build build-gpu -j"$(nproc)" >"$logs/build.log" 2>&1; then
+targets=()
+[ $quick = 1 ] && targets=(--target flashmsa_gpu_tests)
+[ $quick = 1 ] && [ $bench = 1 ] && targets+=(flashmsa_cuda_bench)
+if ! cmake --build build-gpu -j"$(nproc)" "${targets[@]}" >"$logs/build.log" 2>&1; then
   tail -50 "$logs/build.log"
   exit 1
 fi
@@ -47,8 +59,10 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
   fi
 }
 run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
-run cpu_tests build-gpu/tests/cpp/flashmsa_tests
-run cli_tests build-gpu/tests/cpp/flashmsa_cli_tests
+if [ $quick = 0 ]; then
+  run cpu_tests build-gpu/tests/cpp/flashmsa_tests
+  run cli_tests build-gpu/tests/cpp/flashmsa_cli_tests
+fi
 if [ ${#python_args[@]} -gt 0 ]; then
   if readelf -d build-gpu/python/flashmsa/_flashmsa*.so | grep -q 'libstdc++'; then
     run python_tests env PYTHONPATH=build-gpu/python python3 -m pytest -q -rs tests/python
@@ -62,7 +76,11 @@ if [ $sanitize = 1 ]; then
       build-gpu/tests/cpp/flashmsa_gpu_tests
   done
 fi
-grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log || true
+if [ $bench = 1 ]; then
+  run cuda_bench build-gpu/bench/flashmsa_cuda_bench --json "$logs/cuda_bench.json"
+  cat "$logs/cuda_bench.log"
+fi
+grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log 2>/dev/null || true
 tail -n 1 "$logs"/python_tests.log 2>/dev/null || true
 printf '%s\n' "${summary[@]}"
 exit $status

@@ -10,17 +10,32 @@
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
 #include "src/cuda/cuda_ops.hpp"
+#include "src/index_workspace.hpp"
 
 namespace flashmsa {
 namespace {
 
 constexpr std::initializer_list<DType> kActivationDtypes{DType::kBf16, DType::kFp16, DType::kFp32};
 
+// The checked mode reads device values on the host: a copy, after one synchronisation.
+struct HostTensor {
+  std::vector<std::byte> bytes;
+  TensorView view;
+  HostTensor(const TensorView& t, void* stream) : view(t) {
+    if (t.device == Device::kCuda) {
+      bytes = cuda::copy_to_host(t, stream);
+      view.data = bytes.data();
+      view.device = Device::kCpu;
+    }
+  }
+};
+
 // The checked mode: the first slot at or beyond the capacity is an error (negative slots mean
 // "do not write" and are fine).
-void check_slot_values(const TensorView& slots, std::int64_t capacity, const char* name) {
-  FLASHMSA_CHECK_SUPPORTED(slots.device == Device::kCpu,
-                           "checked mode for CUDA tensors is not implemented yet");
+void check_slot_values(const TensorView& device_slots, std::int64_t capacity, const char* name,
+                       void* stream) {
+  const HostTensor host(device_slots, stream);
+  const TensorView& slots = host.view;
   for (std::int64_t t = 0; t < slots.shape[0]; ++t) {
     const std::int64_t s = slots.integer_at(t);
     FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s, " is beyond the cache capacity of ",
@@ -45,7 +60,7 @@ void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& 
   const std::int64_t num_tokens = k.shape[0];
   check_tensor(v, "v", kActivationDtypes, cache.device, {num_tokens, h, d});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {num_tokens});
-  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping");
+  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
   if (cache.device == Device::kCuda) {
     cuda::insert_kv(cache, k, v, slot_mapping, options.stream);
     return;
@@ -58,7 +73,7 @@ void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
   cache.validate();
   check_tensor(index_k, "index_k", kActivationDtypes, cache.device, {-1, cache.index_dim});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {index_k.shape[0]});
-  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping");
+  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
   if (cache.device == Device::kCuda) {
     cuda::insert_index_k(cache, index_k, slot_mapping, options.stream);
     return;
@@ -120,10 +135,11 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                  {num_tokens, hidx, di});
   }
   if (options.checked) {
-    check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping");
+    check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping", options.stream);
     check_slot_values(own_index_slots ? in.index_slot_mapping : in.slot_mapping,
                       index_cache.capacity_tokens(),
-                      own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)");
+                      own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)",
+                      options.stream);
   }
   if (device == Device::kCuda) cuda_not_available("produce_qkv_index");
   cpu::produce_qkv_index(config, in, kv_cache, index_cache, out, options.num_threads);
@@ -204,6 +220,23 @@ void check_plan_values(const cpu::RowPlan& plan, const TensorView* cu_seqlens,
   }
 }
 
+// Host copies of a batch's arrays for the checked mode.
+struct HostBatch {
+  HostTensor cu_seqlens, seq_lens, block_table;
+  PrefillBatch prefill;
+  DecodeBatch decode;
+  HostBatch(const PrefillBatch& b, void* stream)
+      : cu_seqlens(b.cu_seqlens_q, stream),
+        seq_lens(b.seq_lens, stream),
+        block_table(b.block_table, stream),
+        prefill{cu_seqlens.view, seq_lens.view, block_table.view} {}
+  HostBatch(const DecodeBatch& b, void* stream)
+      : cu_seqlens(TensorView{}, stream),
+        seq_lens(b.seq_lens, stream),
+        block_table(b.block_table, stream),
+        decode{seq_lens.view, block_table.view, b.decode_query_len} {}
+};
+
 void check_index_args(const Config& config, const Shapes& s, const TensorView& index_q,
                       const IndexCacheView& cache, const IndexOutputs& out) {
   cache.validate();
@@ -224,6 +257,9 @@ void check_index_args(const Config& config, const Shapes& s, const TensorView& i
                {s.hkv, rows, config.sparse_topk_blocks});
   if (out.block_scores.data) {
     check_tensor(out.block_scores, "block_scores", DType::kFp32, cache.device, {s.hkv, rows, -1});
+  }
+  if (cache.device == Device::kCuda) {
+    check_tensor(out.workspace, "workspace", DType::kUint8, cache.device, {-1});
   }
 }
 
@@ -298,13 +334,29 @@ void require_cpu(Device device, const char* op) {
 
 }  // namespace
 
+std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
+                                   std::int64_t num_requests, std::int64_t max_blocks) {
+  return detail::index_workspace_layout(num_rows, num_requests, config.sparse_num_index_heads,
+                                        max_blocks)
+      .bytes;
+}
+
 void index_prefill(const Config& config, const TensorView& index_q,
                    const IndexCacheView& index_cache, const PrefillBatch& batch,
                    const IndexOutputs& outputs, const OpOptions& options) {
   const Shapes s = checked_config(config);
   check_index_args(config, s, index_q, index_cache, outputs);
   check_prefill_batch(batch, index_cache.device);
-  require_cpu(index_cache.device, "index_prefill");
+  if (index_cache.device == Device::kCuda) {
+    if (options.checked) {
+      const HostBatch host(batch, options.stream);
+      const auto plan =
+          cpu::plan_rows(host.prefill, index_q.shape[0], s.block, index_cache.num_pages);
+      check_plan_values(plan, &host.prefill.cu_seqlens_q, index_q.shape[0]);
+    }
+    cuda::index_prefill(config, index_q, index_cache, batch, outputs, options.stream);
+    return;
+  }
   const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
   if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, index_q.shape[0]);
   cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);
@@ -316,7 +368,16 @@ void index_decode(const Config& config, const TensorView& index_q,
   const Shapes s = checked_config(config);
   check_index_args(config, s, index_q, index_cache, outputs);
   check_decode_batch(batch, index_cache.device, index_q.shape[0]);
-  require_cpu(index_cache.device, "index_decode");
+  if (index_cache.device == Device::kCuda) {
+    if (options.checked) {
+      const HostBatch host(batch, options.stream);
+      const auto plan =
+          cpu::plan_rows(host.decode, index_q.shape[0], s.block, index_cache.num_pages);
+      check_plan_values(plan, nullptr, index_q.shape[0]);
+    }
+    cuda::index_decode(config, index_q, index_cache, batch, outputs, options.stream);
+    return;
+  }
   const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
   if (options.checked) check_plan_values(plan, nullptr, index_q.shape[0]);
   cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);

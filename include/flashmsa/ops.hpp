@@ -84,7 +84,17 @@ struct IndexOutputs {
   // Optional fp32 [Hkv, T, max_blocks]: each block's raw score (max over its visible keys of the
   // index dot, max over a kv head's index heads), -inf for blocks not visible. No forcing.
   TensorView block_scores;
+  // CUDA backend only: uint8 device scratch of at least index_workspace_bytes(...) bytes,
+  // 256-byte aligned (block scores between the scoring and selection kernels, and the batch
+  // plan). Ignored on the CPU. Sized by capacity, it makes the decode indexer graph-safe.
+  TensorView workspace;
 };
+
+// Bytes of `IndexOutputs::workspace` the CUDA indexer needs for `num_rows` query rows of
+// `num_requests` requests with block tables `max_blocks` wide. Bounded (rows are scored in
+// chunks); a buffer sized for the largest batch serves every smaller one.
+std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
+                                   std::int64_t num_requests, std::int64_t max_blocks);
 
 // index_q: [T, Hidx, Di] bf16 / fp16, or fp8_e4m3 with the fp8 indexer. The batch's block table
 // addresses the index cache (the main table unless the index cache has its own).

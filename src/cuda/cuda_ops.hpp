@@ -2,14 +2,27 @@
 // links src/cuda/no_cuda.cpp, whose versions throw Error(kUnsupported).
 #pragma once
 
+#include <cstddef>
+#include <vector>
+
 #include "flashmsa/ops.hpp"
 
 namespace flashmsa::cuda {
+
+// The bytes a device tensor spans (from its data pointer to its last element), copied to the
+// host after synchronising `stream`: the checked mode's reading of device values.
+std::vector<std::byte> copy_to_host(const TensorView& t, void* stream);
 
 // Insertion of K/V (or index-K) rows at slots; `stream` is a cudaStream_t.
 void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& v,
                const TensorView& slot_mapping, void* stream);
 void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
                     const TensorView& slot_mapping, void* stream);
+
+// The indexer (spec section 4): score, block max and top-k; arguments validated by src/ops.cpp.
+void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
+                   const PrefillBatch& batch, const IndexOutputs& out, void* stream);
+void index_decode(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
+                  const DecodeBatch& batch, const IndexOutputs& out, void* stream);
 
 }  // namespace flashmsa::cuda

@@ -1,6 +1,7 @@
 #include <cuda_runtime.h>
 
 #include "flashmsa/error.hpp"
+#include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/device_info.hpp"
 
 namespace flashmsa::cuda {
@@ -50,6 +51,18 @@ void device_free(void* ptr) noexcept {
 
 void device_memset(void* ptr, int value, std::size_t bytes) {
   FLASHMSA_CHECK_CUDA(cudaMemset(ptr, value, bytes));
+}
+
+std::vector<std::byte> copy_to_host(const TensorView& t, void* stream) {
+  if (t.data == nullptr || t.numel() == 0) return {};
+  std::int64_t last = 0;
+  for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * t.stride[i];
+  const auto bytes = static_cast<std::size_t>((last + 1) * dtype_bits(t.dtype) / 8);
+  std::vector<std::byte> host(bytes);
+  const auto s = static_cast<cudaStream_t>(stream);
+  FLASHMSA_CHECK_CUDA(cudaMemcpyAsync(host.data(), t.data, bytes, cudaMemcpyDeviceToHost, s));
+  FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(s));
+  return host;
 }
 
 }  // namespace flashmsa::cuda

@@ -23,12 +23,25 @@ void device_memset(void*, int, std::size_t) {
   throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
 }
 
+std::vector<std::byte> copy_to_host(const TensorView&, void*) {
+  throw Error(ErrorKind::kUnsupported, "device tensor, but this build has no CUDA");
+}
+
 void insert_kv(const KvCacheView&, const TensorView&, const TensorView&, const TensorView&,
                void*) {
   throw Error(ErrorKind::kUnsupported, "insert_kv: CUDA tensors, but this build has no CUDA");
 }
 void insert_index_k(const IndexCacheView&, const TensorView&, const TensorView&, void*) {
   throw Error(ErrorKind::kUnsupported, "insert_index_k: CUDA tensors, but this build has no CUDA");
+}
+
+void index_prefill(const Config&, const TensorView&, const IndexCacheView&, const PrefillBatch&,
+                   const IndexOutputs&, void*) {
+  throw Error(ErrorKind::kUnsupported, "index_prefill: CUDA tensors, but this build has no CUDA");
+}
+void index_decode(const Config&, const TensorView&, const IndexCacheView&, const DecodeBatch&,
+                  const IndexOutputs&, void*) {
+  throw Error(ErrorKind::kUnsupported, "index_decode: CUDA tensors, but this build has no CUDA");
 }
 
 }  // namespace flashmsa::cuda

@@ -1,10 +1,4 @@
-// The CPU indexer against the fp64 oracle (spec section 4).
-//
-// Tolerances: a block score is an fp32 dot product of 128 exact products, so it may differ from
-// the fp64 value by the standard bound n * 2^-24 * sum|q_d k_d| (n = 128); the test allows that
-// bound. Selection must match the oracle exactly, except where a block that one side chose and
-// the other did not has a score within those bounds of the k-th selected score (a near-tie:
-// accumulation order decides it). The count of near-ties is reported and must stay tiny.
+// The CPU indexer against the fp64 oracle (spec section 4); tolerances in index_checks.hpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,18 +10,15 @@
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/ops.hpp"
-#include "tests/cpp/scenario.hpp"
+#include "tests/cpp/index_checks.hpp"
 
 namespace flashmsa {
 namespace {
 
+using test::check_against_oracle;
+using test::check_properties;
+using test::IndexRun;
 using test::Scenario;
-
-struct IndexRun {
-  std::vector<std::int32_t> topk;  // [Hkv, T, topk]
-  std::vector<float> scores;       // [Hkv, T, width]
-  std::int64_t width = 0;
-};
 
 IndexRun run_indexer(const Scenario& s) {
   const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
@@ -47,119 +38,6 @@ IndexRun run_indexer(const Scenario& s) {
                   {.checked = true});
   }
   return run;
-}
-
-constexpr double kDotBound = 128.0 / (1 << 24);  // n * u for n = 128 fp32 products
-
-// Checks every row and kv head against the oracle; returns the number of near-ties accepted.
-int check_against_oracle(const Scenario& s, const IndexRun& run) {
-  const Config& c = s.config;
-  const std::int64_t hkv = c.resolve_heads().num_key_value_heads, k = c.sparse_topk_blocks;
-  int near_ties = 0;
-  for (std::int64_t t = 0; t < s.num_rows; ++t) {
-    const std::int64_t p = s.rows.position[t];
-    const ref::IndexScores want = ref::index_scores(c, s.index_q_values, t, p, s.rows.request[t],
-                                                    s.cm->index_cache(), s.table());
-    for (std::int64_t h = 0; h < hkv; ++h) {
-      const std::int32_t* got = &run.topk[(h * s.num_rows + t) * k];
-      const float* got_scores = &run.scores[(h * s.num_rows + t) * run.width];
-      std::vector<double> scores(want.score.begin() + h * want.nvb,
-                                 want.score.begin() + (h + 1) * want.nvb);
-      // Raw scores, within the dot-product bound; -inf past the visible blocks.
-      for (std::int64_t b = 0; b < run.width; ++b) {
-        if (b >= want.nvb) {
-          EXPECT_EQ(got_scores[b], -std::numeric_limits<float>::infinity()) << t << "," << b;
-          continue;
-        }
-        const double w = scores[b], g = got_scores[b];
-        if (std::isnan(w) || std::isnan(g)) {
-          EXPECT_EQ(std::isnan(w), std::isnan(g)) << "row " << t << " block " << b;
-        } else if (std::isinf(w) || std::isinf(g)) {
-          EXPECT_EQ(w, g) << "row " << t << " block " << b;
-        } else {
-          EXPECT_LE(std::fabs(w - g), kDotBound * want.magnitude[h * want.nvb + b] + 1e-30)
-              << "row " << t << " head " << h << " block " << b;
-        }
-      }
-      const std::vector<std::int32_t> expected = ref::select_topk(c, scores, want.nvb);
-      const std::vector<std::int32_t> ours(got, got + k);
-      if (c.topk_order == TopkOrder::kScoreDesc) {
-        // Our own order must follow our own exposed scores under the spec's total order (the
-        // oracle's order may differ only where scores nearly tie, checked below as a set).
-        auto key = [&](std::int32_t b) {
-          if (b < c.sparse_init_blocks) return 1e30;
-          if (b >= want.nvb - c.sparse_local_blocks) return 1e29;
-          return std::isnan(got_scores[b]) ? -1e30 : static_cast<double>(got_scores[b]);
-        };
-        for (std::int64_t i = 1; i < k && ours[i] >= 0; ++i) {
-          const double a = key(ours[i - 1]), b = key(ours[i]);
-          EXPECT_TRUE(a > b || (a == b && ours[i - 1] < ours[i]))
-              << "row " << t << " head " << h << ": score_desc order broken at " << i;
-        }
-      }
-      if (ours == expected) continue;
-      // Near-ties only: every block in one selection but not the other scores within the bound
-      // of the k-th selected score.
-      const std::set<std::int32_t> a(ours.begin(), ours.end()), b(expected.begin(), expected.end());
-      std::vector<std::int32_t> diff;
-      std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(),
-                                    std::back_inserter(diff));
-      double kth = std::numeric_limits<double>::infinity(), kth_mag = 0;
-      for (std::int32_t id : expected) {
-        if (id >= 0 && scores[id] < kth) {
-          kth = scores[id];
-          kth_mag = want.magnitude[h * want.nvb + id];
-        }
-      }
-      bool ok = !diff.empty() || c.topk_order == TopkOrder::kScoreDesc;
-      for (std::int32_t id : diff) {
-        ok = ok && id >= 0 && !std::isnan(scores[id]) &&
-             std::fabs(scores[id] - kth) <=
-                 kDotBound * (want.magnitude[h * want.nvb + id] + kth_mag);
-      }
-      EXPECT_TRUE(ok) << "row " << t << " head " << h << " position " << p
-                      << ": selection differs beyond near-ties";
-      ++near_ties;
-    }
-  }
-  return near_ties;
-}
-
-// Properties that hold whatever the scores: the local block(s) are chosen, ids are unique and
-// visible, min(topk, nvb) of them, -1 after, in the configured order.
-void check_properties(const Scenario& s, const IndexRun& run) {
-  const Config& c = s.config;
-  const std::int64_t hkv = c.resolve_heads().num_key_value_heads, k = c.sparse_topk_blocks;
-  for (std::int64_t t = 0; t < s.num_rows; ++t) {
-    const std::int64_t nvb = ref::visible_blocks(s.rows.position[t], c.sparse_block_size);
-    for (std::int64_t h = 0; h < hkv; ++h) {
-      const std::int32_t* ids = &run.topk[(h * s.num_rows + t) * k];
-      const std::int64_t n = std::min<std::int64_t>(k, nvb);
-      std::set<std::int32_t> seen;
-      for (std::int64_t i = 0; i < k; ++i) {
-        if (i >= n) {
-          ASSERT_EQ(ids[i], -1) << "row " << t;
-          continue;
-        }
-        ASSERT_GE(ids[i], 0);
-        ASSERT_LT(ids[i], nvb);
-        ASSERT_TRUE(seen.insert(ids[i]).second) << "duplicate id in row " << t;
-        if (c.topk_order != TopkOrder::kScoreDesc && i > 0) {
-          ASSERT_LT(ids[i - 1], ids[i]);
-        }
-      }
-      for (std::int64_t b = std::max<std::int64_t>(0, nvb - c.sparse_local_blocks); b < nvb; ++b) {
-        ASSERT_TRUE(seen.count(static_cast<std::int32_t>(b))) << "local block missing, row " << t;
-      }
-      for (std::int64_t b = 0; b < std::min<std::int64_t>(c.sparse_init_blocks, nvb); ++b) {
-        ASSERT_TRUE(seen.count(static_cast<std::int32_t>(b))) << "init block missing, row " << t;
-      }
-      if (c.topk_order == TopkOrder::kScoreDesc && n > 0 && c.sparse_local_blocks > 0 &&
-          c.sparse_init_blocks == 0) {
-        ASSERT_EQ(ids[0], nvb - 1) << "forced local block first in score_desc";
-      }
-    }
-  }
 }
 
 struct IndexCase {

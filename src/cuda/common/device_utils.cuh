@@ -1,0 +1,93 @@
+// Small device building blocks the kernels share: warp-level tensor-core MMA (m16n8k16, bf16 in,
+// fp32 accumulate), ldmatrix, cp.async, the XOR swizzle of 256-byte shared-memory rows, warp
+// reductions and the orderable integer key of the spec's selection order.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace flashmsa::cuda {
+
+// ---- Shared-memory tiles of 128 bf16 (256 bytes) per row -----------------------------------
+// Rows are 16 chunks of 16 bytes; chunk c of row r is stored at c ^ (r & 7) so that the eight
+// row addresses of one ldmatrix phase fall in eight different bank groups.
+constexpr int kRowChunks = 16;
+
+__device__ __forceinline__ int swizzled_chunk(int row, int chunk) {
+  return row * kRowChunks + (chunk ^ (row & 7));
+}
+
+__device__ __forceinline__ std::uint32_t smem_address(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async_16(void* smem, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)),
+               "l"(global));
+}
+// 8-byte copies (NVFP4 scale rows) go through L1: .cg only takes 16 bytes.
+__device__ __forceinline__ void cp_async_8(void* smem, const void* global) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_address(smem)),
+               "l"(global));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(smem)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* smem) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_address(smem)));
+}
+
+// D += A (16x16, row-major) * B (16x8, column-major), bf16 operands, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// ---- Selection order (spec section 4) -------------------------------------------------------
+// The rank key of a score: NaN ranks as -1e30, -0.0 equals +0.0.
+__device__ __forceinline__ float rank_key(float s) {
+  return s != s ? -1e30f : (s == 0.0f ? 0.0f : s);
+}
+// An unsigned integer that orders like the (finite or infinite, non-NaN) float key.
+__device__ __forceinline__ std::uint32_t orderable_bits(float key) {
+  const std::uint32_t u = __float_as_uint(key);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) {
+  return a < b ? a : b;
+}
+__device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) {
+  return a > b ? a : b;
+}
+
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+}  // namespace flashmsa::cuda

@@ -1,0 +1,349 @@
+// index_score_kernel: block scores of one query tile against the index-K pages of one split.
+//
+// A CTA holds its tile's index queries (kVectors (row, index head) pairs x 128 dims, bf16) in
+// shared memory and streams the tile's visible pages through a cp.async ring. Per page, warps
+// compute S = Q K^T with mma.sync (warp tile kWarpRows x kWarpCols), mask keys after each row's
+// position, reduce each row to its block max (rank order: NaN as -1e30) and write one fp32 per
+// (index head, row, block). E4M3 and NVFP4 keys are widened to bf16 in shared memory (exactly:
+// both formats are subsets of bf16), so every cache dtype shares the bf16 tensor-core path.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include "flashmsa/error.hpp"
+
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/indexer/indexer_params.hpp"
+
+namespace flashmsa::cuda {
+
+template <int kVectors_, int kWarpsM_, int kWarpsN_, int kStages_>
+struct IndexScoreTraits {
+  static constexpr int kVectors = kVectors_;  // (row, index head) pairs per tile
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kPageTokens = 128, kDim = 128;
+  static constexpr int kWarpRows = kVectors / kWarpsM, kMTiles = kWarpRows / 16;
+  static constexpr int kWarpCols = kPageTokens / kWarpsN, kNTiles = kWarpCols / 8;
+  static_assert(kMTiles >= 1 && kWarpRows % 16 == 0 && kNTiles % 2 == 0);
+};
+
+// Prefill: 64 rows x 4 index heads per tile, 8 warps of 64 x 64.
+using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
+// Decode: one request's rows (dql x Hidx <= 16 or <= 64), 4 warps splitting each page's keys.
+using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
+using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
+
+// Bytes one page occupies in a raw stage, per cache dtype.
+template <DType kCache>
+constexpr int raw_page_bytes() {
+  if constexpr (kCache == DType::kBf16) return 128 * 256;
+  if constexpr (kCache == DType::kFp8E4m3) return 128 * 128;
+  return 128 * 64 + 128 * 8;  // NVFP4 codes, then scales
+}
+
+template <class Traits, DType kCache>
+constexpr int index_score_smem_bytes() {
+  constexpr bool kConvert = kCache != DType::kBf16;
+  return Traits::kVectors * 256 + Traits::kStages * raw_page_bytes<kCache>() +
+         (kConvert ? 128 * 256 : 0) + Traits::kWarpsN * Traits::kVectors * 4;
+}
+
+namespace index_score_detail {
+
+// Issues the cp.async copies of one page's rows into a raw stage.
+template <class Traits, DType kCache>
+__device__ void load_page(const IndexScoreParams& p, std::int64_t page, std::byte* stage) {
+  const std::byte* base = p.keys + page * p.key_page_stride;
+  if constexpr (kCache == DType::kBf16) {
+    for (int i = threadIdx.x; i < 128 * kRowChunks; i += Traits::kThreads) {
+      const int token = i / kRowChunks, chunk = i % kRowChunks;
+      cp_async_16(stage + swizzled_chunk(token, chunk) * 16,
+                  base + token * p.key_token_stride + chunk * 16);
+    }
+  } else if constexpr (kCache == DType::kFp8E4m3) {
+    for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
+      const int token = i / 8, chunk = i % 8;
+      cp_async_16(stage + i * 16, base + token * p.key_token_stride + chunk * 16);
+    }
+  } else {
+    for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
+      const int token = i / 4, chunk = i % 4;
+      cp_async_16(stage + i * 16, base + token * p.key_token_stride + chunk * 16);
+    }
+    const std::byte* scales = p.key_scales + page * p.scale_page_stride;
+    for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
+      cp_async_8(stage + 128 * 64 + token * 8, scales + token * p.scale_token_stride);
+    }
+  }
+}
+
+// Widens a raw E4M3 / NVFP4 stage into the swizzled bf16 tile (exact).
+template <class Traits, DType kCache>
+__device__ void widen_page(const std::byte* stage, std::byte* tile) {
+  // 1024 pieces of 16 elements: (token, group of 16).
+  for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
+    const int token = i / 8, group = i % 8;
+    float x[16];
+    if constexpr (kCache == DType::kFp8E4m3) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(stage + i * 16);
+      const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    } else {
+      const uint2 raw = *reinterpret_cast<const uint2*>(stage + token * 64 + group * 8);
+      const std::uint8_t scale_code = static_cast<std::uint8_t>(stage[128 * 64 + token * 8 + group]);
+      const float scale =
+          __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
+      const std::uint32_t words[2] = {raw.x, raw.y};
+      constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      for (int j = 0; j < 16; ++j) {
+        const std::uint32_t code = (words[j / 8] >> (4 * (j % 8))) & 0xFu;
+        const float m = kE2m1[code & 7u] * scale;
+        x[j] = (code & 8u) ? -m : m;
+      }
+    }
+    uint4 out[2];
+    auto* o = reinterpret_cast<std::uint32_t*>(out);
+    for (int j = 0; j < 8; ++j) o[j] = pack_bf16(x[2 * j], x[2 * j + 1]);
+    auto* dst = reinterpret_cast<uint4*>(tile);
+    dst[swizzled_chunk(token, 2 * group)] = out[0];
+    dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
+  }
+}
+
+// The tile a CTA scores: request, first row, row count, position of the first row.
+struct Tile {
+  std::int32_t request = -1;
+  std::int64_t row = 0, pos = 0;
+  int rows = 0;
+};
+
+template <class Traits>
+__device__ Tile find_tile(const IndexScoreParams& p, int rows_per_tile) {
+  Tile tile;
+  const RowMap& m = p.rows;
+  if (m.decode_query_len > 0) {
+    const std::int64_t r = p.chunk.begin / m.decode_query_len + blockIdx.x;
+    if (r >= m.num_requests) return tile;
+    const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
+    if (len <= 0) return tile;  // padding: selects nothing
+    tile.request = static_cast<std::int32_t>(r);
+    tile.row = r * m.decode_query_len;
+    tile.rows = m.decode_query_len;
+    tile.pos = len - m.decode_query_len;
+    return tile;
+  }
+  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x);
+  if (i >= p.tile_offset[m.num_requests]) return tile;
+  std::int32_t lo = 0, hi = m.num_requests;  // last request whose first tile is <= i
+  while (hi - lo > 1) {
+    const std::int32_t mid = (lo + hi) / 2;
+    if (p.tile_offset[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
+  const std::int64_t first = max64(begin, p.chunk.begin), last = min64(end, p.chunk.end);
+  tile.request = lo;
+  tile.row = first + std::int64_t{i - p.tile_offset[lo]} * rows_per_tile;
+  tile.rows = static_cast<int>(min64(rows_per_tile, last - tile.row));
+  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
+  return tile;
+}
+
+}  // namespace index_score_detail
+
+template <class Traits, DType kCache, bool kQueryFp8>
+__global__ void __launch_bounds__(Traits::kThreads)
+    index_score_kernel(const __grid_constant__ IndexScoreParams p) {
+  using namespace index_score_detail;
+  constexpr bool kConvert = kCache != DType::kBf16;
+  extern __shared__ __align__(128) std::byte smem[];
+  std::byte* q_tile = smem;
+  std::byte* stages = q_tile + Traits::kVectors * 256;
+  std::byte* widened = stages + Traits::kStages * raw_page_bytes<kCache>();
+  float* partial_max = reinterpret_cast<float*>(widened + (kConvert ? 128 * 256 : 0));
+
+  const int hidx = p.num_index_heads;
+  const int rows_per_tile = Traits::kVectors / hidx;
+  const Tile tile = find_tile<Traits>(p, rows_per_tile);
+  if (tile.request < 0 || tile.rows <= 0) return;
+  const std::int64_t last_pos = tile.pos + tile.rows - 1;
+  if (last_pos < 0) return;
+  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, p.max_blocks);
+  const std::int64_t block_begin = std::int64_t{blockIdx.y} * p.pages_per_split;
+  const std::int64_t block_end = min64(block_begin + p.pages_per_split, tile_blocks);
+  if (block_begin >= block_end) return;
+  const int num_blocks = static_cast<int>(block_end - block_begin);
+  const std::int32_t* table = p.block_table + tile.request * p.table_stride;
+  auto page_of = [&](int i) -> std::int64_t {
+    const std::int64_t page = table[block_begin + i];
+    return page >= 0 && page < p.num_pages ? page : -1;
+  };
+
+  // Pages first (they take longest), then the queries.
+  for (int s = 0; s < Traits::kStages - 1; ++s) {
+    if (s < num_blocks && page_of(s) >= 0) {
+      load_page<Traits, kCache>(p, page_of(s), stages + s * raw_page_bytes<kCache>());
+    }
+    cp_async_commit();
+  }
+  for (int i = threadIdx.x; i < Traits::kVectors * kRowChunks; i += Traits::kThreads) {
+    const int v = i / kRowChunks, chunk = i % kRowChunks;
+    const int row = v / hidx, head = v % hidx;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < tile.rows) {
+      const std::int64_t offset =
+          (tile.row + row) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
+      if constexpr (kQueryFp8) {
+        const uint2 raw = *reinterpret_cast<const uint2*>(
+            static_cast<const std::uint8_t*>(p.index_q) + offset);
+        const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+        auto* o = reinterpret_cast<std::uint32_t*>(&value);
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
+          o[j] = pack_bf16(f.x, f.y);
+        }
+      } else {
+        value = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.index_q) +
+                                                offset);
+      }
+    }
+    reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
+  }
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
+  const float nan = __int_as_float(0x7fc00000);
+
+  for (int i = 0; i < num_blocks; ++i) {
+    cp_async_wait<Traits::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = i + Traits::kStages - 1;
+      if (next < num_blocks && page_of(next) >= 0) {
+        load_page<Traits, kCache>(p, page_of(next),
+                                  stages + (next % Traits::kStages) * raw_page_bytes<kCache>());
+      }
+      cp_async_commit();
+    }
+    const std::int64_t block = block_begin + i;
+    const bool page_ok = page_of(i) >= 0;
+    const std::byte* k_tile = stages + (i % Traits::kStages) * raw_page_bytes<kCache>();
+    if constexpr (kConvert) {
+      if (page_ok) widen_page<Traits, kCache>(k_tile, widened);
+      __syncthreads();
+      k_tile = widened;
+    }
+
+    float acc[Traits::kMTiles][Traits::kNTiles][4];
+    for (auto& m : acc) {
+      for (auto& n : m) {
+        for (float& x : n) x = 0.0f;
+      }
+    }
+    if (page_ok) {
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        std::uint32_t a[Traits::kMTiles][4];
+#pragma unroll
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+          const int row = warp_m * Traits::kWarpRows + mt * 16 + lane % 16;
+          ldmatrix_x4(a[mt], q_tile + swizzled_chunk(row, 2 * ks + lane / 16) * 16);
+        }
+#pragma unroll
+        for (int np = 0; np < Traits::kNTiles / 2; ++np) {
+          std::uint32_t b[4];
+          const int key = warp_n * Traits::kWarpCols + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+#pragma unroll
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+            mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
+            mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+          }
+        }
+      }
+    }
+
+    // Block max per (row, index head) over this warp's keys, causal mask applied.
+    const std::int64_t first_key = block * 128;
+    const bool all_visible = first_key + 127 <= tile.pos;
+#pragma unroll
+    for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int v = warp_m * Traits::kWarpRows + mt * 16 + lane / 4 + 8 * half;
+        const std::int64_t pos = tile.pos + v / hidx;
+        float m = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            const int key = warp_n * Traits::kWarpCols + nt * 8 + 2 * (lane % 4) + c;
+            if (all_visible || first_key + key <= pos) {
+              m = fmaxf(m, rank_key(acc[mt][nt][2 * half + c]));
+            }
+          }
+        }
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if (lane % 4 == 0) partial_max[warp_n * Traits::kVectors + v] = m;
+      }
+    }
+    __syncthreads();
+    for (int v = threadIdx.x; v < Traits::kVectors; v += Traits::kThreads) {
+      const int row = v / hidx, head = v % hidx;
+      const std::int64_t pos = tile.pos + row;
+      if (row >= tile.rows || pos < 0 || block > pos / 128) continue;
+      float m = partial_max[v];
+      for (int w = 1; w < Traits::kWarpsN; ++w) m = fmaxf(m, partial_max[w * Traits::kVectors + v]);
+      // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the CPU.
+      if (!page_ok || m == -1e30f) m = nan;
+      p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
+                   p.max_blocks +
+               block] = m;
+    }
+  }
+  cp_async_wait<0>();
+}
+
+}  // namespace flashmsa::cuda
+
+namespace flashmsa::cuda {
+
+// Host launcher: the (cache dtype, query dtype) specialisation of index_score_kernel.
+template <class Traits>
+void launch_index_score(const IndexScoreParams& p, DType cache, bool query_fp8, dim3 grid,
+                        cudaStream_t stream) {
+  auto run = [&](auto kernel, int smem) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
+    FLASHMSA_CHECK_LAUNCH();
+  };
+  auto by_query = [&]<DType kCache>() {
+    constexpr int smem = index_score_smem_bytes<Traits, kCache>();
+    if (query_fp8) {
+      run(index_score_kernel<Traits, kCache, true>, smem);
+    } else {
+      run(index_score_kernel<Traits, kCache, false>, smem);
+    }
+  };
+  switch (cache) {
+    case DType::kBf16: by_query.template operator()<DType::kBf16>(); break;
+    case DType::kFp8E4m3: by_query.template operator()<DType::kFp8E4m3>(); break;
+    case DType::kNvfp4: by_query.template operator()<DType::kNvfp4>(); break;
+    default:
+      throw Error(ErrorKind::kUnsupported,
+                  detail::concat("the CUDA indexer has no kernel for an index cache of ",
+                                 to_string(cache)));
+  }
+}
+
+}  // namespace flashmsa::cuda

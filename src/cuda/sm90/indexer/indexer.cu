@@ -1,0 +1,225 @@
+// Host side of the CUDA indexer: validates what only the CUDA path needs, splits the rows into
+// chunks that fit the workspace, and launches plan (prefill), score and top-k per chunk. No host
+// synchronisation and no allocation: the decode path can be captured in a CUDA graph.
+#include <cuda_runtime.h>
+
+#include "flashmsa/error.hpp"
+#include "src/cuda/cuda_ops.hpp"
+#include "src/cuda/sm90/indexer/index_plan_kernel.cuh"
+#include "src/cuda/sm90/indexer/index_score_kernel.cuh"
+#include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
+#include "src/index_workspace.hpp"
+
+namespace flashmsa::cuda {
+
+extern template void launch_index_score<IndexScorePrefillTraits>(const IndexScoreParams&, DType,
+                                                                  bool, dim3, cudaStream_t);
+extern template void launch_index_score<IndexScoreDecodeTraits16>(const IndexScoreParams&, DType,
+                                                                   bool, dim3, cudaStream_t);
+extern template void launch_index_score<IndexScoreDecodeTraits64>(const IndexScoreParams&, DType,
+                                                                   bool, dim3, cudaStream_t);
+
+namespace {
+
+constexpr int kPrefillPagesPerSplit = 32;
+constexpr int kDecodeTargetCtas = 4 * 132;  // enough CTAs to stream the keys of a small batch
+constexpr int kMaxTopkBlocks = 32768;       // keys of one row in the top-k CTA's shared memory
+
+bool aligned(const void* p, std::int64_t a) {
+  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
+}
+
+struct Launch {
+  IndexScoreParams score;
+  IndexTopkParams topk;
+  detail::IndexWorkspaceLayout layout;
+  std::byte* workspace = nullptr;
+  DType cache_dtype = DType::kBf16;
+  bool query_fp8 = false;
+  cudaStream_t stream = nullptr;
+};
+
+Launch common_setup(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
+                    const TensorView& block_table, std::int64_t num_requests,
+                    const IndexOutputs& out, void* stream) {
+  const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
+  const std::int64_t hidx = config.sparse_num_index_heads;
+  FLASHMSA_CHECK_SUPPORTED(hidx >= 1 && hidx <= 16 && (hidx & (hidx - 1)) == 0,
+                           "the CUDA indexer needs a power-of-two number of index heads <= 16, "
+                           "got ",
+                           hidx);
+  FLASHMSA_CHECK_SUPPORTED(index_q.dtype == DType::kBf16 || index_q.dtype == DType::kFp8E4m3,
+                           "the CUDA indexer takes bf16 or fp8_e4m3 index_q, got ",
+                           to_string(index_q.dtype));
+  const std::int64_t max_blocks = block_table.shape[1];
+  FLASHMSA_CHECK_SUPPORTED(max_blocks <= kMaxTopkBlocks,
+                           "the CUDA indexer supports block tables up to ", kMaxTopkBlocks,
+                           " blocks wide, got ", max_blocks);
+  const std::int64_t q_elem = dtype_bits(index_q.dtype) / 8;
+  FLASHMSA_CHECK_ARG(aligned(index_q.data, 8 * q_elem) && (index_q.stride[0] * q_elem) % 16 == 0 &&
+                         (index_q.stride[1] * q_elem) % (8 * q_elem) == 0 &&
+                         index_q.stride[2] == 1,
+                     "index_q must have contiguous, 16-byte aligned rows on the CUDA backend");
+  const std::int64_t row_bytes = cache.dtype == DType::kBf16 ? 256 : cache.dtype == DType::kNvfp4 ? 64 : 128;
+  FLASHMSA_CHECK_ARG(cache.k.row_bytes == row_bytes && aligned(cache.k.data, 16) &&
+                         cache.k.page_stride % 16 == 0 && cache.k.token_stride % 16 == 0,
+                     "index_cache rows must be 16-byte aligned on the CUDA backend");
+  if (cache.dtype == DType::kNvfp4) {
+    FLASHMSA_CHECK_ARG(aligned(cache.block_scale.data, 8) && cache.block_scale.page_stride % 8 == 0 &&
+                           cache.block_scale.token_stride % 8 == 0,
+                       "index_cache scale rows must be 8-byte aligned on the CUDA backend");
+  }
+
+  Launch l;
+  l.layout = detail::index_workspace_layout(index_q.shape[0], num_requests, hidx, max_blocks);
+  FLASHMSA_CHECK_ARG(out.workspace.data != nullptr && out.workspace.shape[0] >= l.layout.bytes &&
+                         aligned(out.workspace.data, 256),
+                     "workspace must be a 256-byte aligned device buffer of at least ",
+                     l.layout.bytes, " bytes (index_workspace_bytes) on the CUDA backend, got ",
+                     out.workspace.data ? out.workspace.shape[0] : 0, " bytes");
+  l.workspace = static_cast<std::byte*>(out.workspace.data);
+  l.cache_dtype = cache.dtype;
+  l.query_fp8 = index_q.dtype == DType::kFp8E4m3;
+  l.stream = static_cast<cudaStream_t>(stream);
+
+  IndexScoreParams& s = l.score;
+  s.index_q = index_q.data;
+  s.q_row_stride = index_q.stride[0];
+  s.q_head_stride = index_q.stride[1];
+  s.keys = static_cast<const std::byte*>(cache.k.data);
+  s.key_page_stride = cache.k.page_stride;
+  s.key_token_stride = cache.k.token_stride;
+  s.key_scales = static_cast<const std::byte*>(cache.block_scale.data);
+  s.scale_page_stride = cache.block_scale.page_stride;
+  s.scale_token_stride = cache.block_scale.token_stride;
+  s.num_pages = cache.num_pages;
+  s.block_table = block_table.as<const std::int32_t>();
+  s.table_stride = block_table.stride[0];
+  s.max_blocks = static_cast<std::int32_t>(max_blocks);
+  s.num_index_heads = static_cast<std::int32_t>(hidx);
+  s.scores = reinterpret_cast<float*>(l.workspace + l.layout.scores);
+
+  IndexTopkParams& k = l.topk;
+  k.scores = s.scores;
+  k.max_blocks = s.max_blocks;
+  k.group = static_cast<std::int32_t>(hidx / hkv);
+  k.topk = config.sparse_topk_blocks;
+  k.init = config.sparse_init_blocks;
+  k.local = config.sparse_local_blocks;
+  k.order = config.topk_order;
+  k.topk_out = out.topk.as<std::int32_t>();
+  for (int i = 0; i < 3; ++i) k.topk_stride[i] = out.topk.stride[i];
+  if (out.block_scores.data) {
+    k.block_scores = out.block_scores.as<float>();
+    for (int i = 0; i < 3; ++i) k.block_scores_stride[i] = out.block_scores.stride[i];
+    k.block_scores_width = static_cast<std::int32_t>(out.block_scores.shape[2]);
+  }
+  return l;
+}
+
+void launch_topk(const Launch& l, std::int64_t hkv) {
+  if (l.topk.chunk.rows() == 0) return;
+  const int smem = 4 * l.topk.max_blocks;
+  FLASHMSA_CHECK_CUDA(cudaFuncSetAttribute(index_topk_kernel,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  index_topk_kernel<<<dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
+                      kIndexTopkThreads, smem, l.stream>>>(l.topk);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
+                   const PrefillBatch& batch, const IndexOutputs& out, void* stream) {
+  const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
+  Launch l = common_setup(config, index_q, cache, batch.block_table, num_requests, out, stream);
+  const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
+  RowMap rows;
+  rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
+  rows.seq_lens_stride = batch.seq_lens.stride[0];
+  rows.num_requests = static_cast<std::int32_t>(num_requests);
+  rows.request_begin = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.request_begin);
+  rows.request_end = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.request_end);
+  l.score.rows = l.topk.rows = rows;
+  l.score.tile_offset = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.tile_offset);
+  l.score.pages_per_split = kPrefillPagesPerSplit;
+  const int tile_rows = IndexScorePrefillTraits::kVectors / l.score.num_index_heads;
+
+  IndexPlanParams plan;
+  plan.cu_seqlens = batch.cu_seqlens_q.as<const std::int32_t>();
+  plan.cu_stride = batch.cu_seqlens_q.stride[0];
+  plan.num_requests = rows.num_requests;
+  plan.num_rows = num_rows;
+  plan.tile_rows = tile_rows;
+  plan.request_begin = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_begin);
+  plan.request_end = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_end);
+  plan.tile_offset = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_offset);
+
+  const std::int64_t chunk_rows =
+      l.layout.chunk_rows == num_rows ? num_rows : l.layout.chunk_rows / tile_rows * tile_rows;
+  for (std::int64_t begin = 0; begin < num_rows; begin += chunk_rows) {
+    const IndexChunk chunk{begin, std::min(num_rows, begin + chunk_rows)};
+    plan.chunk = l.score.chunk = l.topk.chunk = chunk;
+    if (num_requests > 0) {
+      index_plan_kernel<<<1, kIndexPlanThreads, 0, l.stream>>>(plan);
+      FLASHMSA_CHECK_LAUNCH();
+      const dim3 grid(static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
+                      static_cast<unsigned>(ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1),
+                                                     kPrefillPagesPerSplit)));
+      launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
+                                                  l.stream);
+    }
+    launch_topk(l, hkv);
+  }
+}
+
+void index_decode(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
+                  const DecodeBatch& batch, const IndexOutputs& out, void* stream) {
+  const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
+  Launch l = common_setup(config, index_q, cache, batch.block_table, num_requests, out, stream);
+  const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
+  const int dql = batch.decode_query_len;
+  RowMap rows;
+  rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
+  rows.seq_lens_stride = batch.seq_lens.stride[0];
+  rows.num_requests = static_cast<std::int32_t>(num_requests);
+  rows.decode_query_len = dql;
+  l.score.rows = l.topk.rows = rows;
+
+  const std::int64_t vectors = std::int64_t{dql} * l.score.num_index_heads;
+  const std::int64_t chunk_rows =
+      l.layout.chunk_rows == num_rows ? num_rows : l.layout.chunk_rows / dql * dql;
+  for (std::int64_t begin = 0; begin < num_rows; begin += chunk_rows) {
+    const IndexChunk chunk{begin, std::min(num_rows, begin + chunk_rows)};
+    l.score.chunk = l.topk.chunk = chunk;
+    const std::int64_t requests = chunk.rows() / dql;
+    // A fixed split of each request's block range (from the table width, never the lengths).
+    const std::int64_t splits =
+        std::min<std::int64_t>(std::max<std::int64_t>(1, l.score.max_blocks),
+                               std::max<std::int64_t>(1, ceil_div(kDecodeTargetCtas, requests)));
+    l.score.pages_per_split =
+        static_cast<std::int32_t>(ceil_div(std::max<std::int64_t>(1, l.score.max_blocks), splits));
+    const dim3 grid(static_cast<unsigned>(requests),
+                    static_cast<unsigned>(ceil_div(std::max<std::int64_t>(1, l.score.max_blocks),
+                                                   l.score.pages_per_split)));
+    if (requests > 0) {
+      if (vectors <= IndexScoreDecodeTraits16::kVectors) {
+        launch_index_score<IndexScoreDecodeTraits16>(l.score, l.cache_dtype, l.query_fp8, grid,
+                                                     l.stream);
+      } else if (vectors <= IndexScoreDecodeTraits64::kVectors) {
+        launch_index_score<IndexScoreDecodeTraits64>(l.score, l.cache_dtype, l.query_fp8, grid,
+                                                     l.stream);
+      } else {
+        launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
+                                                    l.stream);
+      }
+    }
+    launch_topk(l, hkv);
+  }
+}
+
+}  // namespace flashmsa::cuda

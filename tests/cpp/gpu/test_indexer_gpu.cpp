@@ -1,0 +1,324 @@
+// The CUDA indexer (score, block max, top-k) against the fp64 oracle and the CPU backend, on the
+// same scenarios as the CPU tests: the edge grid of lengths, decode with padding rows, every
+// index dtype and order, NaN/Inf/ties, rows of 1024+ candidate blocks, CUDA-graph replay after
+// the batch changes in place, canaries around every output. Tolerances: index_checks.hpp.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "flashmsa/error.hpp"
+#include "flashmsa/ops.hpp"
+#include "tests/cpp/gpu/device_scenario.hpp"
+#include "tests/cpp/index_checks.hpp"
+
+namespace flashmsa {
+namespace {
+
+using test::DeviceScenario;
+using test::IndexRun;
+using test::Scenario;
+
+constexpr std::int64_t kCanary = 64;  // poisoned elements before and after every output
+constexpr std::uint32_t kPoison = 0xA5A5A5A5u;
+
+// Device outputs with canaries, downloaded and checked after the run.
+struct GpuIndexOutputs {
+  std::int64_t topk_count, score_count, width;
+  TensorView topk_buffer, score_buffer, workspace;
+  IndexOutputs views;
+
+  GpuIndexOutputs(const Scenario& s, DeviceScenario& d) {
+    const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
+    const std::int64_t k = s.config.sparse_topk_blocks;
+    width = s.max_blocks + 2;
+    topk_count = hkv * s.num_rows * k;
+    score_count = hkv * s.num_rows * width;
+    topk_buffer = d.output(DType::kInt32, {topk_count + 2 * kCanary});
+    score_buffer = d.output(DType::kFp32, {score_count + 2 * kCanary});
+    const std::int64_t requests = static_cast<std::int64_t>(s.seq_lens.size());
+    workspace = d.output(DType::kUint8, {index_workspace_bytes(s.config, s.num_rows, requests,
+                                                               s.max_blocks)});
+    views.topk = TensorView::contiguous(topk_buffer.as<std::int32_t>() + kCanary, DType::kInt32,
+                                        {hkv, s.num_rows, k}, Device::kCuda);
+    views.block_scores = TensorView::contiguous(score_buffer.as<float>() + kCanary, DType::kFp32,
+                                                {hkv, s.num_rows, width}, Device::kCuda);
+    views.workspace = workspace;
+  }
+
+  IndexRun download() const {
+    const auto topk = test::download<std::int32_t>(topk_buffer.data, topk_count + 2 * kCanary);
+    const auto scores = test::download<float>(score_buffer.data, score_count + 2 * kCanary);
+    for (std::int64_t i = 0; i < kCanary; ++i) {
+      EXPECT_EQ(static_cast<std::uint32_t>(topk[i]), kPoison) << "topk canary before, " << i;
+      EXPECT_EQ(static_cast<std::uint32_t>(topk[kCanary + topk_count + i]), kPoison)
+          << "topk canary after, " << i;
+      std::uint32_t before, after;
+      std::memcpy(&before, &scores[i], 4);
+      std::memcpy(&after, &scores[kCanary + score_count + i], 4);
+      EXPECT_EQ(before, kPoison) << "block_scores canary before, " << i;
+      EXPECT_EQ(after, kPoison) << "block_scores canary after, " << i;
+    }
+    IndexRun run;
+    run.width = width;
+    run.topk.assign(topk.begin() + kCanary, topk.begin() + kCanary + topk_count);
+    run.scores.assign(scores.begin() + kCanary, scores.begin() + kCanary + score_count);
+    return run;
+  }
+};
+
+void launch(const Scenario& s, const DeviceScenario& d, const IndexOutputs& out,
+            const OpOptions& options = {}) {
+  if (s.decode_query_len) {
+    index_decode(s.config, d.index_q, d.index_cache, d.decode, out, options);
+  } else {
+    index_prefill(s.config, d.index_q, d.index_cache, d.prefill, out, options);
+  }
+}
+
+IndexRun run_gpu(const Scenario& s) {
+  DeviceScenario d(s);
+  GpuIndexOutputs out(s, d);
+  launch(s, d, out.views);
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+  const auto index_before = test::download<std::byte>(
+      d.index_cache.k.data, static_cast<std::size_t>(IndexCacheView::buffer_bytes(
+                                d.index_cache.dtype, d.index_cache.num_pages, 128)));
+  IndexRun run = out.download();
+  // The caches are inputs: byte-identical to the host copy they came from.
+  EXPECT_EQ(std::memcmp(index_before.data(), s.cm->index_cache().k.data, index_before.size()), 0)
+      << "the index cache changed";
+  return run;
+}
+
+IndexRun run_cpu(const Scenario& s) {
+  const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
+  const std::int64_t k = s.config.sparse_topk_blocks;
+  IndexRun run;
+  run.width = s.max_blocks + 2;
+  run.topk.assign(static_cast<std::size_t>(hkv * s.num_rows * k), 0);
+  run.scores.assign(static_cast<std::size_t>(hkv * s.num_rows * run.width), 0.0f);
+  const IndexOutputs out{
+      TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
+      TensorView::contiguous(run.scores.data(), DType::kFp32, {hkv, s.num_rows, run.width})};
+  if (s.decode_query_len) {
+    index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out);
+  } else {
+    index_prefill(s.config, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out);
+  }
+  return run;
+}
+
+// The GPU run checked as the CPU tests check the CPU: properties, the oracle with its near-tie
+// rule, and agreement with the CPU backend except on those near-ties.
+void check_gpu(const Scenario& s, int max_near_ties = 2) {
+  const IndexRun gpu = run_gpu(s);
+  test::check_properties(s, gpu);
+  const int near_ties = test::check_against_oracle(s, gpu);
+  EXPECT_LE(near_ties, max_near_ties) << "near-ties among " << s.num_rows * 4 << " selections";
+  const IndexRun cpu = run_cpu(s);
+  const std::int64_t k = s.config.sparse_topk_blocks;
+  int rows_differing = 0;
+  for (std::size_t i = 0; i < gpu.topk.size(); i += k) {
+    rows_differing += !std::equal(gpu.topk.begin() + i, gpu.topk.begin() + i + k, cpu.topk.begin() + i);
+  }
+  EXPECT_LE(rows_differing, 2 * max_near_ties) << "selections differing from the CPU backend";
+}
+
+struct IndexCase {
+  std::string name;
+  DType index_dtype;
+  TopkOrder order;
+  int init, local, index_heads;
+};
+
+void PrintTo(const IndexCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+Config config_for(const IndexCase& ic) {
+  Config c;
+  c.set_index_cache_dtype(ic.index_dtype);
+  c.topk_order = ic.order;
+  c.sparse_init_blocks = ic.init;
+  c.sparse_local_blocks = ic.local;
+  c.sparse_num_index_heads = ic.index_heads;
+  return c;
+}
+
+class IndexerGpu : public ::testing::TestWithParam<IndexCase> {};
+
+TEST_P(IndexerGpu, PrefillMatchesOracleAndCpuOverTheEdgeGrid) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const std::vector<RequestShape> requests{{0, 1},     {0, 127},   {0, 128},  {0, 129},
+                                           {100, 155}, {0, 256},   {200, 57}, {1900, 8},
+                                           {2040, 7},  {2000, 48}, {2040, 9}, {4000, 97}};
+  check_gpu(test::make_prefill(config_for(GetParam()), requests, 31));
+}
+
+TEST_P(IndexerGpu, DecodeMatchesOracleWithPaddingRows) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  for (int q : {1, 2, 3, 4, 16}) {
+    SCOPED_TRACE(q);
+    check_gpu(test::make_decode(config_for(GetParam()), {2049, 0, 1, 128, 3000, 0, 17 * 128}, q,
+                                40 + q));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, IndexerGpu,
+    ::testing::Values(IndexCase{"bf16_ascending", DType::kBf16, TopkOrder::kAscending, 0, 1, 4},
+                      IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
+                      IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
+                      IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
+                      IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}),
+    [](const ::testing::TestParamInfo<IndexCase>& param_info) { return param_info.param.name; });
+
+// Rows of 1000+ candidate blocks exercise the radix select; top-k 64 is the largest supported.
+TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  for (int topk : {16, 64}) {
+    Config c;
+    c.sparse_topk_blocks = topk;
+    c.topk_order = topk == 64 ? TopkOrder::kScoreDesc : TopkOrder::kAscending;
+    SCOPED_TRACE(topk);
+    check_gpu(test::make_decode(c, {131072, 70001}, 2, 77 + topk));
+  }
+  Config c;
+  check_gpu(test::make_prefill(c, {{20000, 300}}, 78));
+}
+
+void set_index_block(Scenario& s, std::int64_t request, std::int64_t block, float value) {
+  const IndexCacheView& ix = s.cm->index_cache();
+  const std::int64_t page = s.table().page(request, block);
+  for (std::int64_t t = 0; t < 128; ++t) {
+    auto* row = reinterpret_cast<std::uint16_t*>(ix.k.row(page, 0, t));
+    for (std::int64_t d = 0; d < 128; ++d) row[d] = fmt::float_to_bf16(value);
+  }
+}
+
+TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Config c;
+  c.topk_order = TopkOrder::kScoreDesc;
+  Scenario s = test::make_prefill(c, {{3000, 4}}, 5);
+  set_index_block(s, 0, 1, NAN);
+  set_index_block(s, 0, 2, INFINITY);
+  set_index_block(s, 0, 3, 0.0f);
+  set_index_block(s, 0, 4, -0.0f);
+  set_index_block(s, 0, 5, 0.0f);
+  const IndexRun run = run_gpu(s);
+  test::check_properties(s, run);
+  test::check_against_oracle(s, run);
+  EXPECT_EQ(run.topk, run_cpu(s).topk);
+}
+
+TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Config c;
+  c.sparse_topk_blocks = 4;
+  c.topk_order = TopkOrder::kScoreDesc;
+  Scenario s = test::make_prefill(c, {{128 * 40, 1}}, 9);
+  const IndexCacheView& ix = s.cm->index_cache();
+  for (std::int64_t b = 0; b < 41; ++b) {
+    const std::int64_t page = s.table().page(0, b);
+    for (std::int64_t t = 0; t < 128; ++t) {
+      auto* row = reinterpret_cast<std::uint16_t*>(ix.k.row(page, 0, t));
+      for (std::int64_t d = 0; d < 128; ++d) row[d] = fmt::float_to_bf16(d == 0 ? 1.0f : 0.0f);
+    }
+  }
+  for (auto& byte : s.index_q) byte = 0;
+  for (std::int64_t h = 0; h < 4; ++h) {
+    reinterpret_cast<std::uint16_t*>(s.index_q.data())[h * 128] = fmt::float_to_bf16(2.0f);
+  }
+  const IndexRun run = run_gpu(s);
+  for (std::int64_t h = 0; h < 4; ++h) {
+    const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
+    EXPECT_EQ(ids, (std::vector<std::int32_t>{40, 0, 1, 2})) << "local first, then ties by id";
+  }
+}
+
+TEST(IndexerGpuDeterminism, TwoRunsAreBitIdentical) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const Scenario s = test::make_prefill(Config{}, {{3000, 300}, {0, 700}}, 12);
+  const IndexRun a = run_gpu(s), b = run_gpu(s);
+  EXPECT_EQ(a.topk, b.topk);
+  EXPECT_EQ(std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * 4), 0);
+}
+
+// The decode indexer captured once in a CUDA graph, replayed after lengths and the block table
+// change in place (the shapes stay): each replay equals the oracle for the current values.
+TEST(IndexerGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Scenario s = test::make_decode(Config{}, {3000, 2000, 700, 0}, 2, 21);
+  DeviceScenario d(s);
+  GpuIndexOutputs out(s, d);
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  launch(s, d, out.views, {.stream = stream});
+  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  auto replay_and_check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    const IndexRun run = out.download();
+    test::check_properties(s, run);
+    EXPECT_LE(test::check_against_oracle(s, run), 2);
+  };
+  replay_and_check("as captured");
+
+  // Shorter and longer requests, a padding row turned live, two pages of request 0 swapped.
+  s.seq_lens = {2500, 0, 900, 1500};
+  std::swap(s.block_table[0], s.block_table[1]);
+  const std::int64_t w = s.max_blocks;
+  for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
+  s.rows = ref::decode_rows(s.seq_lens, 2);
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(d.prefill.seq_lens.data, s.seq_lens.data(), 4 * s.seq_lens.size(),
+                                 cudaMemcpyHostToDevice));
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(d.prefill.block_table.data, s.block_table.data(),
+                                 4 * s.block_table.size(), cudaMemcpyHostToDevice));
+  replay_and_check("after the batch changed");
+
+  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
+  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST(IndexerGpuErrors, WorkspaceAndCheckedMode) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Scenario s = test::make_prefill(Config{}, {{300, 20}}, 3);
+  DeviceScenario d(s);
+  GpuIndexOutputs out(s, d);
+  IndexOutputs small = out.views;
+  small.workspace.shape[0] = 16;
+  try {
+    launch(s, d, small);
+    FAIL() << "a small workspace was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace must be"), std::string::npos) << e.what();
+  }
+  // A visible block without a page: the checked mode names the entry.
+  const std::int32_t bad = -7;
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(static_cast<std::int32_t*>(d.prefill.block_table.data) + 1, &bad,
+                                 4, cudaMemcpyHostToDevice));
+  try {
+    launch(s, d, out.views, {.checked = true});
+    FAIL() << "the checked mode missed a bad block table entry";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("batch.block_table[0][1]"), std::string::npos)
+        << e.what();
+  }
+  // Unchecked, the same batch runs without touching memory outside the caches.
+  launch(s, d, out.views);
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+}  // namespace
+}  // namespace flashmsa

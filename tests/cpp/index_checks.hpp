@@ -1,0 +1,31 @@
+// Checks of an indexer run against the fp64 oracle, shared by the CPU tests and the GPU tests
+// (the same scenarios and the same acceptance rule on every backend).
+//
+// Tolerances: a block score is an fp32 dot product of 128 exact products, so it may differ from
+// the fp64 value by the standard bound n * 2^-24 * sum|q_d k_d| (n = 128); the check allows that
+// bound. Selection must match the oracle exactly, except where a block that one side chose and
+// the other did not has a score within those bounds of the k-th selected score (a near-tie:
+// accumulation order decides it). The count of near-ties is returned and must stay tiny.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tests/cpp/scenario.hpp"
+
+namespace flashmsa::test {
+
+struct IndexRun {
+  std::vector<std::int32_t> topk;  // [Hkv, T, topk]
+  std::vector<float> scores;       // [Hkv, T, width]
+  std::int64_t width = 0;
+};
+
+// Checks every row and kv head against the oracle; returns the number of near-ties accepted.
+int check_against_oracle(const Scenario& s, const IndexRun& run);
+
+// Properties that hold whatever the scores: the local block(s) are chosen, ids are unique and
+// visible, min(topk, nvb) of them, -1 after, in the configured order.
+void check_properties(const Scenario& s, const IndexRun& run);
+
+}  // namespace flashmsa::test
