@@ -141,7 +141,10 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                       own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)",
                       options.stream);
   }
-  if (device == Device::kCuda) cuda_not_available("produce_qkv_index");
+  if (device == Device::kCuda) {
+    cuda::produce_qkv_index(config, in, kv_cache, index_cache, out, options.stream);
+    return;
+  }
   cpu::produce_qkv_index(config, in, kv_cache, index_cache, out, options.num_threads);
 }
 

@@ -19,6 +19,10 @@ void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& 
 void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
                     const TensorView& slot_mapping, void* stream);
 
+// The fused norm / RoPE / cast / insert producer (spec section 3).
+void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvCacheView& kv,
+                       const IndexCacheView& ix, const ProducerOutputs& out, void* stream);
+
 // The indexer (spec section 4): score, block max and top-k; arguments validated by src/ops.cpp.
 void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                    const PrefillBatch& batch, const IndexOutputs& out, void* stream);

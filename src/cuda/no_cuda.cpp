@@ -35,6 +35,10 @@ void insert_index_k(const IndexCacheView&, const TensorView&, const TensorView&,
   throw Error(ErrorKind::kUnsupported, "insert_index_k: CUDA tensors, but this build has no CUDA");
 }
 
+void produce_qkv_index(const Config&, const ProducerInputs&, const KvCacheView&,
+                       const IndexCacheView&, const ProducerOutputs&, void*) {
+  throw Error(ErrorKind::kUnsupported, "produce_qkv_index: CUDA tensors, but this build has no CUDA");
+}
 void index_prefill(const Config&, const TensorView&, const IndexCacheView&, const PrefillBatch&,
                    const IndexOutputs&, void*) {
   throw Error(ErrorKind::kUnsupported, "index_prefill: CUDA tensors, but this build has no CUDA");

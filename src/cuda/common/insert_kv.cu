@@ -9,12 +9,12 @@
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
+#include "src/cuda/common/cache_encode.cuh"
 #include "src/cuda/cuda_ops.hpp"
 
 namespace flashmsa::cuda {
 namespace {
 
-constexpr int kElemsPerThread = 8;
 constexpr int kThreadsPerBlock = 256;
 
 // One plane to write (K, V or index-K) and the activation rows that feed it.
@@ -38,7 +38,7 @@ struct InsertParams {
 };
 
 __global__ void __launch_bounds__(kThreadsPerBlock) insert_kernel(const InsertParams p) {
-  const int threads_per_row = static_cast<int>(p.dim / kElemsPerThread);
+  const int threads_per_row = static_cast<int>(p.dim / kChunkElems);
   const std::int64_t thread = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const std::int64_t row = thread / threads_per_row;  // (token, plane, head)
   const int part = static_cast<int>(thread % threads_per_row);
@@ -52,66 +52,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) insert_kernel(const InsertPa
   const bool write = active && slot >= 0 && slot < p.capacity;
   const PlaneParams& pl = p.planes[plane];
 
-  float x[kElemsPerThread];
+  float x[kChunkElems] = {};
   const std::int64_t src_base =
-      token * pl.src_stride_token + head * pl.src_stride_head + part * kElemsPerThread;
-  if (write) {
-    if (p.src_dtype == DType::kFp32) {
-      const float4* s = reinterpret_cast<const float4*>(static_cast<const float*>(pl.src) + src_base);
-      const float4 a = s[0], b = s[1];
-      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
-    } else {
-      const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(pl.src) + src_base);
-      const std::uint16_t* h = reinterpret_cast<const std::uint16_t*>(&raw);
-      for (int i = 0; i < kElemsPerThread; ++i) {
-        x[i] = p.src_dtype == DType::kBf16 ? fmt::bf16_to_float(h[i]) : fmt::fp16_to_float(h[i]);
-      }
-    }
-  } else {
-    for (float& v : x) v = 0.0f;
-  }
-
+      token * pl.src_stride_token + head * pl.src_stride_head + part * kChunkElems;
+  if (write) load_chunk(p.src_dtype, pl.src, src_base, x);
   const std::int64_t page = slot / p.page_size, offset = slot % p.page_size;
   std::byte* dst = pl.dst + page * pl.page_stride + head * pl.head_stride + offset * pl.token_stride;
-  if (p.cache_dtype == DType::kNvfp4) {
-    // The group's amax from both halves (inactive lanes contribute 0 and write nothing).
-    float amax = fmt::nan_ignoring_amax(x, kElemsPerThread);
-    const float other = __shfl_xor_sync(0xffffffffu, amax, 1);
-    amax = other > amax ? other : amax;
-    if (!write) return;
-    const std::uint8_t scale_code = fmt::float_to_e4m3(amax / 6.0f);
-    const float s = fmt::e4m3_to_float(scale_code);
-    std::uint32_t packed = 0;
-    for (int i = 0; i < kElemsPerThread / 2; ++i) {
-      const std::uint32_t lo = s == 0.0f ? 0u : fmt::float_to_e2m1(x[2 * i] / s);
-      const std::uint32_t hi = s == 0.0f ? 0u : fmt::float_to_e2m1(x[2 * i + 1] / s);
-      packed |= (lo | (hi << 4)) << (8 * i);
-    }
-    *reinterpret_cast<std::uint32_t*>(dst + part * 4) = packed;
-    if ((part & 1) == 0) {
-      pl.scale_dst[page * pl.scale_page_stride + head * pl.scale_head_stride +
-                   offset * pl.scale_token_stride + part / 2] = static_cast<std::byte>(scale_code);
-    }
-    return;
-  }
-  if (!write) return;
-  if (p.cache_dtype == DType::kBf16 || p.cache_dtype == DType::kFp16) {
-    uint4 out;
-    std::uint16_t* o = reinterpret_cast<std::uint16_t*>(&out);
-    for (int i = 0; i < kElemsPerThread; ++i) {
-      o[i] = p.cache_dtype == DType::kBf16 ? fmt::float_to_bf16(x[i]) : fmt::float_to_fp16(x[i]);
-    }
-    *reinterpret_cast<uint4*>(dst + part * 16) = out;
-  } else {
-    uint2 out;
-    std::uint8_t* o = reinterpret_cast<std::uint8_t*>(&out);
-    for (int i = 0; i < kElemsPerThread; ++i) {
-      // x / scale, as the CPU backend computes it (a division, not a multiply by 1/scale).
-      const float q = x[i] / pl.scale;
-      o[i] = p.cache_dtype == DType::kFp8E4m3 ? fmt::float_to_e4m3(q) : fmt::float_to_e5m2(q);
-    }
-    *reinterpret_cast<uint2*>(dst + part * 8) = out;
-  }
+  std::byte* scale_dst = pl.scale_dst + page * pl.scale_page_stride + head * pl.scale_head_stride +
+                         offset * pl.scale_token_stride;
+  encode_cache_chunk(p.cache_dtype, x, write, dst, scale_dst, part, pl.scale);
 }
 
 PlaneParams plane_params(const TensorView& src, const CachePlane& plane,
@@ -148,7 +97,7 @@ void check_alignment(const TensorView& src, const char* name, const CachePlane& 
 }
 
 void launch(const InsertParams& p, void* stream) {
-  const std::int64_t threads = p.num_tokens * p.num_planes * p.num_heads * (p.dim / kElemsPerThread);
+  const std::int64_t threads = p.num_tokens * p.num_planes * p.num_heads * (p.dim / kChunkElems);
   if (threads == 0) return;
   const std::int64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
   insert_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0,

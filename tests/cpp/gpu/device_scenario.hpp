@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <memory>
 #include <vector>
 
@@ -28,6 +29,102 @@ std::vector<T> download(const void* device, std::size_t count) {
   }
   return host;
 }
+
+// Mirrors arbitrary host memory (tensors, cache planes, overlapping or not) to the device, runs
+// an op on the translated views and copies everything back: any host-view test becomes a GPU
+// test of the same bytes.
+class DeviceMirror {
+ public:
+  void add(const void* host, std::int64_t bytes) {
+    if (host && bytes > 0) spans_.push_back({static_cast<const std::byte*>(host), bytes});
+  }
+  void add(const TensorView& t) {
+    if (!t.data || t.numel() == 0) return;
+    std::int64_t last = 0;
+    for (int i = 0; i < t.rank; ++i) last += (t.shape[i] - 1) * t.stride[i];
+    add(t.data, (last + 1) * dtype_bits(t.dtype) / 8);
+  }
+  void add(const CachePlane& p, std::int64_t pages, std::int64_t heads, std::int64_t tokens) {
+    if (!p.data) return;
+    add(p.data, (pages - 1) * p.page_stride + (heads - 1) * p.head_stride +
+                    (tokens - 1) * p.token_stride + p.row_bytes);
+  }
+  void add(const KvCacheView& kv) {
+    for (const CachePlane* p : {&kv.k, &kv.v, &kv.k_block_scale, &kv.v_block_scale}) {
+      add(*p, kv.shape.num_pages, kv.shape.num_kv_heads, kv.shape.page_size);
+    }
+  }
+  void add(const IndexCacheView& ix) {
+    add(ix.k, ix.num_pages, 1, ix.page_size);
+    add(ix.block_scale, ix.num_pages, 1, ix.page_size);
+  }
+
+  // Merges overlapping spans and copies them to the device.
+  void upload() {
+    std::sort(spans_.begin(), spans_.end(),
+              [](const Span& a, const Span& b) { return a.start < b.start; });
+    for (const Span& s : spans_) {
+      if (!regions_.empty() && s.start <= regions_.back().start + regions_.back().bytes) {
+        Region& r = regions_.back();
+        r.bytes = std::max(r.bytes, static_cast<std::int64_t>(s.start - r.start) + s.bytes);
+      } else {
+        regions_.push_back({s.start, s.bytes, nullptr});
+      }
+    }
+    for (Region& r : regions_) r.device = upload_bytes(r.start, static_cast<std::size_t>(r.bytes));
+  }
+  void download() const {
+    for (const Region& r : regions_) {
+      FLASHMSA_CHECK_CUDA(cudaMemcpy(const_cast<std::byte*>(r.start), r.device->get(),
+                                     static_cast<std::size_t>(r.bytes), cudaMemcpyDeviceToHost));
+    }
+  }
+  void* device(const void* host) const {
+    if (!host) return nullptr;
+    const auto* h = static_cast<const std::byte*>(host);
+    for (const Region& r : regions_) {
+      if (h >= r.start && h < r.start + r.bytes) return r.device->get() + (h - r.start);
+    }
+    throw Error(ErrorKind::kInternal, "DeviceMirror: pointer not mirrored");
+  }
+  TensorView device(const TensorView& t) const {
+    TensorView d = t;
+    d.data = device(t.data);
+    d.device = Device::kCuda;
+    return d;
+  }
+  CachePlane device(const CachePlane& p) const {
+    CachePlane d = p;
+    d.data = device(p.data);
+    return d;
+  }
+  KvCacheView device(const KvCacheView& kv) const {
+    KvCacheView d = kv;
+    d.device = Device::kCuda;
+    d.k = device(kv.k), d.v = device(kv.v);
+    d.k_block_scale = device(kv.k_block_scale), d.v_block_scale = device(kv.v_block_scale);
+    return d;
+  }
+  IndexCacheView device(const IndexCacheView& ix) const {
+    IndexCacheView d = ix;
+    d.device = Device::kCuda;
+    d.k = device(ix.k), d.block_scale = device(ix.block_scale);
+    return d;
+  }
+
+ private:
+  struct Span {
+    const std::byte* start;
+    std::int64_t bytes;
+  };
+  struct Region {
+    const std::byte* start;
+    std::int64_t bytes;
+    std::unique_ptr<DeviceBuffer<std::byte>> device;
+  };
+  std::vector<Span> spans_;
+  std::vector<Region> regions_;
+};
 
 struct DeviceScenario {
   std::vector<std::unique_ptr<DeviceBuffer<std::byte>>> buffers;
