@@ -1,0 +1,313 @@
+// flashmsa_cuda_bench: the CUDA kernels on an H100/H200 at MiniMax-M3 shapes, against ceilings
+// measured in the same run (HBM read stream, cuBLAS bf16 GEMM). CUDA events, warm-up, medians of
+// repeated runs with their coefficient of variation; decode steps are CUDA-graph replays, and
+// small working sets rotate through more than 2x the L2 so no run measures a warm cache.
+//
+//   build/bench/flashmsa_cuda_bench [--json FILE]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "flashmsa/flashmsa.hpp"
+
+namespace {
+
+using namespace flashmsa;
+
+#define BENCH_CHECK_CUBLAS(x)                                                   \
+  do {                                                                         \
+    if ((x) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: " #x); \
+  } while (0)
+
+struct Stat {
+  double median_s = 0, cv = 0;
+};
+
+// Median (and coefficient of variation) of `reps` timings of `body`, after `warmup` runs.
+Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
+  cudaEvent_t a, b;
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&b));
+  for (int i = 0; i < warmup; ++i) body(i);
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(a));
+    body(i);
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(b));
+    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(b));
+    float ms = 0;
+    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1e-3);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  return {t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+}
+
+__global__ void fill_random_bf16(std::uint16_t* p, std::int64_t n, std::uint32_t seed) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+    const float u = (static_cast<float>(h & 0xFFFFFF) + 0.5f) / 16777216.0f;  // (0, 1)
+    const float x = (u - 0.5f) * 3.4641016f;  // uniform, unit variance
+    const __nv_bfloat16 b = __float2bfloat16(x);
+    p[i] = *reinterpret_cast<const std::uint16_t*>(&b);
+  }
+}
+
+__global__ void read_stream(const uint4* p, std::int64_t n, unsigned* sink) {
+  uint4 acc = make_uint4(0, 0, 0, 0);
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    const uint4 v = __ldcs(p + i);
+    acc.x ^= v.x, acc.y ^= v.y, acc.z ^= v.z, acc.w ^= v.w;
+  }
+  if ((acc.x ^ acc.y ^ acc.z ^ acc.w) == 0x12345678u) *sink = acc.x;  // keeps the loads
+}
+
+template <class T>
+struct DeviceArray {
+  T* ptr = nullptr;
+  std::size_t n = 0;
+  explicit DeviceArray(std::size_t count) : n(count) {
+    FLASHMSA_CHECK_CUDA(cudaMalloc(&ptr, std::max<std::size_t>(1, count) * sizeof(T)));
+  }
+  DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) {
+    FLASHMSA_CHECK_CUDA(cudaMemcpy(ptr, host.data(), n * sizeof(T), cudaMemcpyHostToDevice));
+  }
+  ~DeviceArray() { cudaFree(ptr); }
+  DeviceArray(const DeviceArray&) = delete;
+};
+
+void fill(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
+  fill_random_bf16<<<1024, 256>>>(p, static_cast<std::int64_t>(n), seed);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+struct Row {
+  std::string name;
+  double value, ceiling_fraction, cv, time_us;
+  std::string unit;
+};
+std::vector<Row> g_rows;
+
+void report(const std::string& name, double value, const std::string& unit, double fraction,
+            const Stat& s) {
+  g_rows.push_back({name, value, fraction, s.cv, s.median_s * 1e6, unit});
+  std::printf("%-52s %10.1f %-8s %6.1f%% of ceiling  %9.1f us  cv %.3f\n", name.c_str(), value,
+              unit.c_str(), fraction * 100, s.median_s * 1e6, s.cv);
+  std::fflush(stdout);
+}
+
+double g_hbm_tbps = 0, g_gemm_tflops = 0;
+
+void ceilings() {
+  const std::size_t bytes = std::size_t{4} << 30;
+  DeviceArray<uint4> buf(bytes / 16);
+  DeviceArray<unsigned> sink(1);
+  FLASHMSA_CHECK_CUDA(cudaMemset(buf.ptr, 1, bytes));
+  const Stat s = time_it([&](int) { read_stream<<<132 * 8, 512>>>(buf.ptr, bytes / 16, sink.ptr); }, 10);
+  g_hbm_tbps = bytes / s.median_s / 1e12;
+  report("ceiling: HBM read stream (4 GiB, 16-byte loads)", g_hbm_tbps, "TB/s", 1.0, s);
+
+  const int n = 8192;
+  DeviceArray<std::uint16_t> a(std::size_t(n) * n), b(std::size_t(n) * n), c(std::size_t(n) * n);
+  fill(a.ptr, a.n, 1);
+  fill(b.ptr, b.n, 2);
+  cublasHandle_t h;
+  BENCH_CHECK_CUBLAS(cublasCreate(&h));
+  const float one = 1, zero = 0;
+  const Stat g = time_it(
+      [&](int) {
+        BENCH_CHECK_CUBLAS(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &one, a.ptr,
+                                        CUDA_R_16BF, n, b.ptr, CUDA_R_16BF, n, &zero, c.ptr,
+                                        CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      },
+      10);
+  cublasDestroy(h);
+  g_gemm_tflops = 2.0 * n * n * n / g.median_s / 1e12;
+  report("ceiling: cuBLAS bf16 GEMM 8192^3", g_gemm_tflops, "TFLOP/s", 1.0, g);
+}
+
+Config m3() {
+  Config c;  // MiniMax-M3 defaults: 64/4 heads, 4 index heads, d 128, block 128, top-16
+  return c;
+}
+
+// A batch of `requests` requests of `len` tokens each in a pool of `pages` pages (each request's
+// pages scattered over the pool); `rotation` selects one of several disjoint page sets.
+struct IndexBatch {
+  std::int64_t requests, len, dql, max_blocks, pages;
+  DeviceArray<std::uint16_t> cache, query;
+  DeviceArray<std::int32_t> block_table, seq_lens, cu_seqlens;
+  DeviceArray<std::int32_t> topk;
+  DeviceArray<std::uint8_t> workspace;
+
+  IndexBatch(std::int64_t b, std::int64_t l, std::int64_t q_len, std::int64_t rotations)
+      : requests(b),
+        len(l),
+        dql(q_len),
+        max_blocks((l + 127) / 128),
+        pages(b * max_blocks * rotations),
+        cache(std::size_t(pages) * 128 * 128),
+        query(std::size_t(b * q_len) * 4 * 128),
+        block_table(table(b, max_blocks, rotations)),
+        seq_lens(std::vector<std::int32_t>(std::size_t(b), static_cast<std::int32_t>(l))),
+        cu_seqlens(cu(b, q_len)),
+        topk(std::size_t(4 * b * q_len * 16)),
+        workspace(std::size_t(index_workspace_bytes(m3(), b * q_len, b, max_blocks))) {
+    fill(cache.ptr, cache.n, 11);
+    fill(query.ptr, query.n, 12);
+  }
+  static std::vector<std::int32_t> table(std::int64_t b, std::int64_t w, std::int64_t rotations) {
+    std::vector<std::int32_t> t(std::size_t(rotations * b * w));
+    std::iota(t.begin(), t.end(), 0);
+    std::reverse(t.begin(), t.end());  // scattered: request r's blocks are not its neighbours'
+    return t;
+  }
+  static std::vector<std::int32_t> cu(std::int64_t b, std::int64_t q) {
+    std::vector<std::int32_t> c(std::size_t(b + 1));
+    for (std::int64_t i = 0; i <= b; ++i) c[i] = static_cast<std::int32_t>(i * q);
+    return c;
+  }
+  IndexCacheView view() const {
+    return IndexCacheView::make(DType::kBf16, pages, 128, cache.ptr, flashmsa::Device::kCuda);
+  }
+  IndexOutputs outputs() const {
+    IndexOutputs o;
+    o.topk = TensorView::contiguous(static_cast<void*>(topk.ptr), DType::kInt32,
+                                    {4, requests * dql, 16}, flashmsa::Device::kCuda);
+    o.workspace = TensorView::contiguous(static_cast<void*>(workspace.ptr), DType::kUint8,
+                                         {std::int64_t(workspace.n)}, flashmsa::Device::kCuda);
+    return o;
+  }
+  TensorView q() const {
+    return TensorView::contiguous(static_cast<void*>(query.ptr), DType::kBf16,
+                                  {requests * dql, 4, 128}, flashmsa::Device::kCuda);
+  }
+  TensorView table_view(std::int64_t rotation) const {
+    return TensorView::contiguous(static_cast<void*>(block_table.ptr + rotation * requests * max_blocks),
+                                  DType::kInt32, {requests, max_blocks}, flashmsa::Device::kCuda);
+  }
+};
+
+void prefill_indexer(std::int64_t len) {
+  IndexBatch b(1, len, len, 1);
+  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32, {1}, flashmsa::Device::kCuda);
+  const TensorView cu = TensorView::contiguous(static_cast<void*>(b.cu_seqlens.ptr), DType::kInt32, {2}, flashmsa::Device::kCuda);
+  const PrefillBatch batch{cu, seq, b.table_view(0)};
+  const Stat s = time_it([&](int) { index_prefill(m3(), b.q(), b.view(), batch, b.outputs()); }, 10);
+  const double flops = 2.0 * 128 * 4 * (double(len) * (len + 1) / 2);
+  report("indexer prefill (score + top-k), 1 x " + std::to_string(len / 1024) + "K",
+         flops / s.median_s / 1e12, "TFLOP/s", flops / s.median_s / 1e12 / g_gemm_tflops, s);
+}
+
+void decode_indexer(std::int64_t requests, std::int64_t len) {
+  // Rotate page sets so the working set exceeds 2x the 60 MB L2.
+  const std::int64_t bytes_per_step = requests * len * 256;
+  const std::int64_t rotations = std::max<std::int64_t>(1, (150 << 20) / bytes_per_step + 1);
+  IndexBatch b(requests, len, 1, rotations);
+  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32, {requests}, flashmsa::Device::kCuda);
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> graphs;
+  for (std::int64_t r = 0; r < rotations; ++r) {
+    cudaGraph_t g;
+    cudaGraphExec_t e;
+    FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    index_decode(m3(), b.q(), b.view(), DecodeBatch{seq, b.table_view(r), 1}, b.outputs(), {.stream = stream});
+    FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+    FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
+    cudaGraphDestroy(g);
+    graphs.push_back(e);
+  }
+  // Per step: `steps` replays back to back, timed together.
+  const int steps = static_cast<int>(std::max<std::int64_t>(rotations, 20));
+  cudaEvent_t a, z;
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
+  std::vector<double> t;
+  for (int rep = 0; rep < 13; ++rep) {
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
+    for (int i = 0; i < steps; ++i) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % rotations], stream));
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
+    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
+    float ms;
+    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
+    if (rep >= 3) t.push_back(ms * 1e-3 / steps);
+  }
+  std::sort(t.begin(), t.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  const Stat s{t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+  const double tbps = bytes_per_step / s.median_s / 1e12;
+  report("indexer decode (score + top-k, graph), " + std::to_string(requests) + " x " +
+             std::to_string(len / 1024) + "K",
+         tbps, "TB/s", tbps / g_hbm_tbps, s);
+  for (auto e : graphs) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(stream);
+}
+
+void write_json(const char* path) {
+  FILE* f = std::fopen(path, "w");
+  if (!f) throw std::runtime_error(std::string("cannot write ") + path);
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %.4f,\n  \"bf16_gemm_tflops\": %.2f,\n  \"cases\": [\n",
+               prop.name, g_hbm_tbps, g_gemm_tflops);
+  for (std::size_t i = 0; i < g_rows.size(); ++i) {
+    const Row& r = g_rows[i];
+    std::fprintf(f,
+                 "    {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"fraction_of_ceiling\": %.4f, "
+                 "\"median_us\": %.3f, \"cv\": %.4f}%s\n",
+                 r.name.c_str(), r.value, r.unit.c_str(), r.ceiling_fraction, r.time_us, r.cv,
+                 i + 1 < g_rows.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  std::fclose(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* json = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
+      json = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE]\n");
+      return 2;
+    }
+  }
+  if (auto reason = backend_unavailable_reason(Backend::kCudaSm90)) {
+    std::printf("flashmsa_cuda_bench: no CUDA run: %s\n", reason->c_str());
+    return 0;
+  }
+  try {
+    ceilings();
+    for (std::int64_t len : {8192, 32768, 131072}) prefill_indexer(len);
+    decode_indexer(64, 32768);
+    decode_indexer(128, 32768);
+    decode_indexer(1, 8192);
+    if (json) write_json(json);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashmsa_cuda_bench: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
