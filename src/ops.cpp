@@ -159,9 +159,11 @@ struct Shapes {
   std::int64_t hq, hkv, hidx, d, di, block;
 };
 
-Shapes checked_config(const Config& config) {
+// The config, checked against the backend that the tensors' device selects.
+Shapes checked_config(const Config& config, Device device) {
   config.check();
-  if (auto reason = unsupported_reason(config, Backend::kCpu)) {
+  const Backend backend = device == Device::kCuda ? Backend::kCudaSm90 : Backend::kCpu;
+  if (auto reason = unsupported_reason(config, backend)) {
     throw Error(ErrorKind::kUnsupported, *reason);
   }
   const ResolvedHeads h = config.resolve_heads();
@@ -347,7 +349,7 @@ std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
 void index_prefill(const Config& config, const TensorView& index_q,
                    const IndexCacheView& index_cache, const PrefillBatch& batch,
                    const IndexOutputs& outputs, const OpOptions& options) {
-  const Shapes s = checked_config(config);
+  const Shapes s = checked_config(config, index_cache.device);
   check_index_args(config, s, index_q, index_cache, outputs);
   check_prefill_batch(batch, index_cache.device);
   if (index_cache.device == Device::kCuda) {
@@ -368,7 +370,7 @@ void index_prefill(const Config& config, const TensorView& index_q,
 void index_decode(const Config& config, const TensorView& index_q,
                   const IndexCacheView& index_cache, const DecodeBatch& batch,
                   const IndexOutputs& outputs, const OpOptions& options) {
-  const Shapes s = checked_config(config);
+  const Shapes s = checked_config(config, index_cache.device);
   check_index_args(config, s, index_q, index_cache, outputs);
   check_decode_batch(batch, index_cache.device, index_q.shape[0]);
   if (index_cache.device == Device::kCuda) {
@@ -390,7 +392,7 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
                               const KvCacheView& kv_cache, const PrefillBatch& batch,
                               const TensorView& topk, const AttentionOutputs& outputs,
                               const OpOptions& options) {
-  const Shapes s = checked_config(config);
+  const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, &topk, outputs, false);
   check_prefill_batch(batch, kv_cache.device);
   require_cpu(kv_cache.device, "sparse_attention_prefill");
@@ -406,7 +408,7 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
 void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
                              const DecodeBatch& batch, const TensorView& topk,
                              const AttentionOutputs& outputs, const OpOptions& options) {
-  const Shapes s = checked_config(config);
+  const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, &topk, outputs, true);
   check_decode_batch(batch, kv_cache.device, q.shape[0]);
   require_cpu(kv_cache.device, "sparse_attention_decode");
@@ -422,7 +424,7 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
 void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
                      const PrefillBatch& batch, const AttentionOutputs& outputs,
                      const OpOptions& options) {
-  const Shapes s = checked_config(config);
+  const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, nullptr, outputs, false);
   check_prefill_batch(batch, kv_cache.device);
   require_cpu(kv_cache.device, "dense_attention");
