@@ -118,10 +118,11 @@ std::pair<nb::object, TensorView> topk_output(const std::optional<AnyArray>& out
   return {nb::cast(a), t};
 }
 
-OpOptions op_options(bool checked, int threads) {
+OpOptions op_options(bool checked, int threads, std::uintptr_t stream = 0) {
   OpOptions o;
   o.checked = checked;
   o.num_threads = threads;
+  o.stream = reinterpret_cast<void*>(stream);  // cudaStream_t (e.g. torch's cuda_stream)
   return o;
 }
 
@@ -393,7 +394,8 @@ NB_MODULE(_flashmsa, m) {
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& cu_seqlens_q, const AnyArray& seq_lens, const AnyArray& block_table,
          const std::optional<AnyArray>& out, const std::optional<AnyArray>& block_scores,
-         bool checked, int threads) -> nb::object {
+         bool checked, int threads, const std::optional<AnyArray>& workspace,
+         std::uintptr_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
@@ -402,15 +404,21 @@ NB_MODULE(_flashmsa, m) {
                            view(block_table, "block_table")};
         {
           nb::gil_scoped_release release;
-          index_prefill(c, q, cache, batch, {topk, optional_view(block_scores, "block_scores")},
-                        op_options(checked, threads));
+          index_prefill(c, q, cache, batch,
+                        {topk, optional_view(block_scores, "block_scores"),
+                         optional_view(workspace, "workspace")},
+                        op_options(checked, threads, stream));
         }
         return result;
       },
       nb::arg("config"), nb::arg("index_q"), nb::arg("index_cache"), nb::arg("cu_seqlens_q"),
       nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out") = nb::none(),
       nb::arg("block_scores") = nb::none(), nb::arg("checked") = false, nb::arg("threads") = 0,
-      "Top-k block ids int32 [Hkv, T, topk] for index_q [T, Hidx, Di] over a ragged batch.");
+      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
+      "Top-k block ids int32 [Hkv, T, topk] for index_q [T, Hidx, Di] over a ragged batch. "
+      "CUDA tensors also need `out`, a uint8 `workspace` of index_workspace_bytes(...) bytes and "
+      "the cudaStream_t to run on as an integer (`stream`, e.g. torch.cuda.current_stream()."
+      "cuda_stream).");
 
   m.def(
       "sparse_attention_prefill",
@@ -455,7 +463,8 @@ NB_MODULE(_flashmsa, m) {
       "index_decode",
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& seq_lens, const AnyArray& block_table, int decode_query_len,
-         const std::optional<AnyArray>& out, bool checked, int threads) -> nb::object {
+         const std::optional<AnyArray>& out, bool checked, int threads,
+         const std::optional<AnyArray>& workspace, std::uintptr_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
@@ -464,15 +473,22 @@ NB_MODULE(_flashmsa, m) {
                           decode_query_len};
         {
           nb::gil_scoped_release release;
-          index_decode(c, q, cache, batch, {topk}, op_options(checked, threads));
+          index_decode(c, q, cache, batch, {topk, {}, optional_view(workspace, "workspace")},
+                       op_options(checked, threads, stream));
         }
         return result;
       },
       nb::arg("config"), nb::arg("index_q"), nb::arg("index_cache"), nb::arg("seq_lens"),
       nb::arg("block_table"), nb::arg("decode_query_len") = 1, nb::arg("out") = nb::none(),
-      nb::arg("checked") = false, nb::arg("threads") = 0,
+      nb::arg("checked") = false, nb::arg("threads") = 0, nb::arg("workspace") = nb::none(),
+      nb::arg("stream") = 0,
       "Top-k block ids int32 [Hkv, B * decode_query_len, topk] for decode rows; rows of a "
-      "request with seq_lens 0 (padding) select nothing.");
+      "request with seq_lens 0 (padding) select nothing. CUDA tensors: as index_prefill.");
+
+  m.def("index_workspace_bytes", &index_workspace_bytes, nb::arg("config"), nb::arg("num_rows"),
+        nb::arg("num_requests"), nb::arg("max_blocks"),
+        "Bytes of the device workspace the CUDA indexer needs for such a batch (the CPU backend "
+        "needs none).");
 
   m.def(
       "sparse_attention_decode",
