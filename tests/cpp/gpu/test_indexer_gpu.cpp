@@ -274,8 +274,9 @@ TEST(IndexerGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   };
   replay_and_check("as captured");
 
-  // Shorter and longer requests, a padding row turned live, two pages of request 0 swapped.
-  s.seq_lens = {2500, 0, 900, 1500};
+  // Shorter requests (longer ones would read unwritten garbage), a padding row turned live on
+  // request 1's pages, request 1 turned padding, two pages of request 0 swapped.
+  s.seq_lens = {2500, 0, 650, 1500};
   std::swap(s.block_table[0], s.block_table[1]);
   const std::int64_t w = s.max_blocks;
   for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
