@@ -1,5 +1,7 @@
 #include "tests/cpp/index_checks.hpp"
 
+#include "flashmsa/ops.hpp"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,6 +122,49 @@ void check_properties(const Scenario& s, const IndexRun& run) {
       }
     }
   }
+}
+
+std::vector<IndexCase> index_cases() {
+  return {IndexCase{"bf16_ascending", DType::kBf16, TopkOrder::kAscending, 0, 1, 4},
+                      IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
+                      IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
+                      IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
+                      IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}};
+}
+
+Config config_for(const IndexCase& ic) {
+  Config c;
+  c.set_index_cache_dtype(ic.index_dtype);
+  c.topk_order = ic.order;
+  c.sparse_init_blocks = ic.init;
+  c.sparse_local_blocks = ic.local;
+  c.sparse_num_index_heads = ic.index_heads;
+  return c;
+}
+
+std::vector<RequestShape> index_edge_grid() {
+  return {{0, 1},    {0, 127},  {0, 128},   {0, 129},  {100, 155}, {0, 256},
+          {200, 57}, {1900, 8}, {2040, 7},  {2000, 48}, {2040, 9},  {4000, 97}};
+}
+
+IndexRun run_cpu_indexer(const Scenario& s, bool checked) {
+  const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
+  const std::int64_t k = s.config.sparse_topk_blocks;
+  IndexRun run;
+  run.width = s.max_blocks + 2;
+  run.topk.assign(static_cast<std::size_t>(hkv * s.num_rows * k), 0x5A5A5A5A);  // poison
+  run.scores.assign(static_cast<std::size_t>(hkv * s.num_rows * run.width), 12345.0f);
+  IndexOutputs out{
+      TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
+      TensorView::contiguous(run.scores.data(), DType::kFp32, {hkv, s.num_rows, run.width})};
+  if (s.decode_query_len) {
+    index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out,
+                 {.checked = checked});
+  } else {
+    index_prefill(s.config, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out,
+                  {.checked = checked});
+  }
+  return run;
 }
 
 }  // namespace flashmsa::test

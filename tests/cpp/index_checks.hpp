@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
+#include <string>
 #include <vector>
 
 #include "tests/cpp/scenario.hpp"
@@ -20,6 +22,27 @@ struct IndexRun {
   std::vector<float> scores;       // [Hkv, T, width]
   std::int64_t width = 0;
 };
+
+// The CPU backend's run (checked mode on request), with poisoned outputs and 2 spare score
+// columns past the table width.
+IndexRun run_cpu_indexer(const Scenario& s, bool checked = false);
+
+// The indexer configurations every backend is tested over: index dtypes, orders, init/local,
+// a group of 2 index heads per kv head.
+struct IndexCase {
+  std::string name;
+  DType index_dtype;
+  TopkOrder order;
+  int init, local, index_heads;
+};
+inline void PrintTo(const IndexCase& c, std::ostream* os) {
+  *os << c.name;
+}
+std::vector<IndexCase> index_cases();
+Config config_for(const IndexCase& ic);
+
+// Prefill edge grid of (prefix, query) lengths: visible blocks 1, 15, 16, 17, ragged, chunked.
+std::vector<RequestShape> index_edge_grid();
 
 // Checks every row and kv head against the oracle; returns the number of near-ties accepted.
 int check_against_oracle(const Scenario& s, const IndexRun& run);

@@ -20,68 +20,25 @@ using test::check_properties;
 using test::IndexRun;
 using test::Scenario;
 
-IndexRun run_indexer(const Scenario& s) {
-  const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
-  const std::int64_t k = s.config.sparse_topk_blocks;
-  IndexRun run;
-  run.width = s.max_blocks + 2;
-  run.topk.assign(static_cast<std::size_t>(hkv * s.num_rows * k), 0x5A5A5A5A);  // poison
-  run.scores.assign(static_cast<std::size_t>(hkv * s.num_rows * run.width), 12345.0f);
-  IndexOutputs out{
-      TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
-      TensorView::contiguous(run.scores.data(), DType::kFp32, {hkv, s.num_rows, run.width})};
-  if (s.decode_query_len) {
-    index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out,
-                 {.checked = true});
-  } else {
-    index_prefill(s.config, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out,
-                  {.checked = true});
-  }
-  return run;
-}
 
-struct IndexCase {
-  std::string name;
-  DType index_dtype;
-  TopkOrder order;
-  int init, local, index_heads;
-};
-
-void PrintTo(const IndexCase& c, std::ostream* os) {
-  *os << c.name;
-}
-
-Config config_for(const IndexCase& ic) {
-  Config c;
-  c.set_index_cache_dtype(ic.index_dtype);
-  c.topk_order = ic.order;
-  c.sparse_init_blocks = ic.init;
-  c.sparse_local_blocks = ic.local;
-  c.sparse_num_index_heads = ic.index_heads;
-  return c;
-}
-
-class Indexer : public ::testing::TestWithParam<IndexCase> {};
+class Indexer : public ::testing::TestWithParam<test::IndexCase> {};
 
 // Prefill over the spec's edge grid of lengths (visible blocks 1, 15, 16, 17 included), ragged,
 // with chunked requests (a cached prefix) for the long ones.
 TEST_P(Indexer, PrefillMatchesOracleOverTheEdgeGrid) {
-  const Config c = config_for(GetParam());
-  const std::vector<RequestShape> requests{{0, 1},     {0, 127},   {0, 128},  {0, 129},
-                                           {100, 155}, {0, 256},   {200, 57}, {1900, 8},
-                                           {2040, 7},  {2000, 48}, {2040, 9}, {4000, 97}};
-  const Scenario s = test::make_prefill(c, requests, 31);
-  const IndexRun run = run_indexer(s);
+  const Config c = test::config_for(GetParam());
+  const Scenario s = test::make_prefill(c, test::index_edge_grid(), 31);
+  const IndexRun run = test::run_cpu_indexer(s, true);
   check_properties(s, run);
   const int near_ties = check_against_oracle(s, run);
   EXPECT_LE(near_ties, 2) << "near-ties among " << s.num_rows * 4 << " selections";
 }
 
 TEST_P(Indexer, DecodeMatchesOracleWithPaddingRows) {
-  const Config c = config_for(GetParam());
+  const Config c = test::config_for(GetParam());
   for (int q = 1; q <= 4; ++q) {
     const Scenario s = test::make_decode(c, {2049, 0, 1, 128, 3000, 0, 17 * 128}, q, 40 + q);
-    const IndexRun run = run_indexer(s);
+    const IndexRun run = test::run_cpu_indexer(s, true);
     check_properties(s, run);
     EXPECT_LE(check_against_oracle(s, run), 2);
   }
@@ -89,12 +46,8 @@ TEST_P(Indexer, DecodeMatchesOracleWithPaddingRows) {
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, Indexer,
-    ::testing::Values(IndexCase{"bf16_ascending", DType::kBf16, TopkOrder::kAscending, 0, 1, 4},
-                      IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
-                      IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
-                      IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
-                      IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}),
-    [](const ::testing::TestParamInfo<IndexCase>& param_info) { return param_info.param.name; });
+    ::testing::ValuesIn(test::index_cases()),
+    [](const ::testing::TestParamInfo<test::IndexCase>& param_info) { return param_info.param.name; });
 
 TEST(Indexer, PrefillAndDecodeComputeTheSameFunction) {
   const Config c;
@@ -103,7 +56,7 @@ TEST(Indexer, PrefillAndDecodeComputeTheSameFunction) {
   test::Scenario p = test::make_decode(c, {3001}, 2, 7);  // same caches and queries
   p.decode_query_len = 0;
   p.cu_seqlens = {0, 2};
-  const IndexRun a = run_indexer(d), b = run_indexer(p);
+  const IndexRun a = test::run_cpu_indexer(d, true), b = test::run_cpu_indexer(p, true);
   EXPECT_EQ(a.topk, b.topk);
   EXPECT_EQ(a.scores, b.scores);
 }
@@ -127,7 +80,7 @@ TEST(Indexer, NanInfTiesAndSignedZeros) {
   set_block(3, 0.0f);      // exact zero scores: ties, broken by smaller id
   set_block(4, -0.0f);
   set_block(5, 0.0f);
-  const IndexRun run = run_indexer(s);
+  const IndexRun run = test::run_cpu_indexer(s, true);
   check_properties(s, run);
   check_against_oracle(s, run);
 }
@@ -150,7 +103,7 @@ TEST(Indexer, ExactTiesGoToSmallerIds) {
   for (std::int64_t h = 0; h < 4; ++h) {
     reinterpret_cast<std::uint16_t*>(s.index_q.data())[h * 128] = fmt::float_to_bf16(2.0f);
   }
-  const IndexRun run = run_indexer(s);
+  const IndexRun run = test::run_cpu_indexer(s, true);
   for (std::int64_t h = 0; h < 4; ++h) {
     const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
     EXPECT_EQ(ids, (std::vector<std::int32_t>{9, 0, 1, 2})) << "local first, then ties by id";

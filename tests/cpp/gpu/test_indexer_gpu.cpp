@@ -93,24 +93,6 @@ IndexRun run_gpu(const Scenario& s) {
   return run;
 }
 
-IndexRun run_cpu(const Scenario& s) {
-  const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
-  const std::int64_t k = s.config.sparse_topk_blocks;
-  IndexRun run;
-  run.width = s.max_blocks + 2;
-  run.topk.assign(static_cast<std::size_t>(hkv * s.num_rows * k), 0);
-  run.scores.assign(static_cast<std::size_t>(hkv * s.num_rows * run.width), 0.0f);
-  const IndexOutputs out{
-      TensorView::contiguous(run.topk.data(), DType::kInt32, {hkv, s.num_rows, k}),
-      TensorView::contiguous(run.scores.data(), DType::kFp32, {hkv, s.num_rows, run.width})};
-  if (s.decode_query_len) {
-    index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out);
-  } else {
-    index_prefill(s.config, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out);
-  }
-  return run;
-}
-
 // The GPU run checked as the CPU tests check the CPU: properties, the oracle with its near-tie
 // rule, and agreement with the CPU backend except on those near-ties.
 void check_gpu(const Scenario& s, int max_near_ties = 2) {
@@ -118,7 +100,7 @@ void check_gpu(const Scenario& s, int max_near_ties = 2) {
   test::check_properties(s, gpu);
   const int near_ties = test::check_against_oracle(s, gpu);
   EXPECT_LE(near_ties, max_near_ties) << "near-ties among " << s.num_rows * 4 << " selections";
-  const IndexRun cpu = run_cpu(s);
+  const IndexRun cpu = test::run_cpu_indexer(s);
   const std::int64_t k = s.config.sparse_topk_blocks;
   int rows_differing = 0;
   for (std::size_t i = 0; i < gpu.topk.size(); i += k) {
@@ -127,54 +109,26 @@ void check_gpu(const Scenario& s, int max_near_ties = 2) {
   EXPECT_LE(rows_differing, 2 * max_near_ties) << "selections differing from the CPU backend";
 }
 
-struct IndexCase {
-  std::string name;
-  DType index_dtype;
-  TopkOrder order;
-  int init, local, index_heads;
-};
-
-void PrintTo(const IndexCase& c, std::ostream* os) {
-  *os << c.name;
-}
-
-Config config_for(const IndexCase& ic) {
-  Config c;
-  c.set_index_cache_dtype(ic.index_dtype);
-  c.topk_order = ic.order;
-  c.sparse_init_blocks = ic.init;
-  c.sparse_local_blocks = ic.local;
-  c.sparse_num_index_heads = ic.index_heads;
-  return c;
-}
-
-class IndexerGpu : public ::testing::TestWithParam<IndexCase> {};
+class IndexerGpu : public ::testing::TestWithParam<test::IndexCase> {};
 
 TEST_P(IndexerGpu, PrefillMatchesOracleAndCpuOverTheEdgeGrid) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
-  const std::vector<RequestShape> requests{{0, 1},     {0, 127},   {0, 128},  {0, 129},
-                                           {100, 155}, {0, 256},   {200, 57}, {1900, 8},
-                                           {2040, 7},  {2000, 48}, {2040, 9}, {4000, 97}};
-  check_gpu(test::make_prefill(config_for(GetParam()), requests, 31));
+  check_gpu(test::make_prefill(test::config_for(GetParam()), test::index_edge_grid(), 31));
 }
 
 TEST_P(IndexerGpu, DecodeMatchesOracleWithPaddingRows) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   for (int q : {1, 2, 3, 4, 16}) {
     SCOPED_TRACE(q);
-    check_gpu(test::make_decode(config_for(GetParam()), {2049, 0, 1, 128, 3000, 0, 17 * 128}, q,
+    check_gpu(test::make_decode(test::config_for(GetParam()), {2049, 0, 1, 128, 3000, 0, 17 * 128}, q,
                                 40 + q));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Configs, IndexerGpu,
-    ::testing::Values(IndexCase{"bf16_ascending", DType::kBf16, TopkOrder::kAscending, 0, 1, 4},
-                      IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
-                      IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
-                      IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
-                      IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}),
-    [](const ::testing::TestParamInfo<IndexCase>& param_info) { return param_info.param.name; });
+    ::testing::ValuesIn(test::index_cases()),
+    [](const ::testing::TestParamInfo<test::IndexCase>& param_info) { return param_info.param.name; });
 
 // Rows of 1000+ candidate blocks exercise the radix select; top-k 64 is the largest supported.
 TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
@@ -212,7 +166,7 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
   const IndexRun run = run_gpu(s);
   test::check_properties(s, run);
   test::check_against_oracle(s, run);
-  EXPECT_EQ(run.topk, run_cpu(s).topk);
+  EXPECT_EQ(run.topk, test::run_cpu_indexer(s).topk);
 }
 
 TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
