@@ -10,6 +10,7 @@
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
 #include "src/cuda/cuda_ops.hpp"
+#include "src/attention_workspace.hpp"
 #include "src/index_workspace.hpp"
 
 namespace flashmsa {
@@ -41,13 +42,6 @@ void check_slot_values(const TensorView& device_slots, std::int64_t capacity, co
     FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s, " is beyond the cache capacity of ",
                        capacity, " slots");
   }
-}
-
-[[noreturn]] void cuda_not_available(const char* op) {
-  throw Error(ErrorKind::kUnsupported,
-              detail::concat(op,
-                             ": CUDA tensors are not supported yet (the CUDA backend of this "
-                             "operation is not implemented); use CPU tensors"));
 }
 
 }  // namespace
@@ -303,6 +297,9 @@ void check_attention_args(const Config& config, const Shapes& s, const TensorVie
                  {rows, s.hq, s.d});
   }
   if (out.lse.data) check_tensor(out.lse, "lse", DType::kFp32, kv.device, {rows, s.hq});
+  if (kv.device == Device::kCuda && out.workspace.data) {
+    check_tensor(out.workspace, "workspace", DType::kUint8, kv.device, {-1});
+  }
 }
 
 // Selection from a top-k tensor: valid ids only, each once.
@@ -333,10 +330,6 @@ void check_topk_values(const TensorView& topk, const cpu::RowPlan& plan) {
   }
 }
 
-void require_cpu(Device device, const char* op) {
-  if (device == Device::kCuda) cuda_not_available(op);
-}
-
 }  // namespace
 
 std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
@@ -344,6 +337,22 @@ std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
   return detail::index_workspace_layout(num_rows, num_requests, config.sparse_num_index_heads,
                                         max_blocks)
       .bytes;
+}
+
+std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_rows,
+                                       std::int64_t num_requests) {
+  const ResolvedHeads h = config.resolve_heads();
+  std::int64_t bytes = detail::attention_prefill_layout(num_requests).bytes;
+  // Decode: every batch of b <= num_requests requests with b x dql <= num_rows rows.
+  for (std::int64_t dql = 1; dql <= 16; ++dql) {
+    for (std::int64_t b = 1; b <= num_requests && b * dql <= num_rows; ++b) {
+      bytes = std::max(bytes, detail::attention_decode_layout(b, dql, h.num_attention_heads,
+                                                              h.num_key_value_heads,
+                                                              config.head_dim, 64)
+                                  .bytes);
+    }
+  }
+  return bytes;
 }
 
 void index_prefill(const Config& config, const TensorView& index_q,
@@ -395,7 +404,17 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
   const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, &topk, outputs, false);
   check_prefill_batch(batch, kv_cache.device);
-  require_cpu(kv_cache.device, "sparse_attention_prefill");
+  if (kv_cache.device == Device::kCuda) {
+    if (options.checked) {
+      const HostBatch host(batch, options.stream);
+      const HostTensor host_topk(topk, options.stream);
+      const auto plan = cpu::plan_rows(host.prefill, q.shape[0], s.block, kv_cache.shape.num_pages);
+      check_plan_values(plan, &host.prefill.cu_seqlens_q, q.shape[0]);
+      check_topk_values(host_topk.view, plan);
+    }
+    cuda::sparse_attention_prefill(config, q, kv_cache, batch, topk, outputs, options.stream);
+    return;
+  }
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
   if (options.checked) {
     check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
@@ -411,7 +430,17 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, &topk, outputs, true);
   check_decode_batch(batch, kv_cache.device, q.shape[0]);
-  require_cpu(kv_cache.device, "sparse_attention_decode");
+  if (kv_cache.device == Device::kCuda) {
+    if (options.checked) {
+      const HostBatch host(batch, options.stream);
+      const HostTensor host_topk(topk, options.stream);
+      const auto plan = cpu::plan_rows(host.decode, q.shape[0], s.block, kv_cache.shape.num_pages);
+      check_plan_values(plan, nullptr, q.shape[0]);
+      check_topk_values(host_topk.view, plan);
+    }
+    cuda::sparse_attention_decode(config, q, kv_cache, batch, topk, outputs, options.stream);
+    return;
+  }
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
   if (options.checked) {
     check_plan_values(plan, nullptr, q.shape[0]);
@@ -427,7 +456,15 @@ void dense_attention(const Config& config, const TensorView& q, const KvCacheVie
   const Shapes s = checked_config(config, kv_cache.device);
   check_attention_args(config, s, q, kv_cache, nullptr, outputs, false);
   check_prefill_batch(batch, kv_cache.device);
-  require_cpu(kv_cache.device, "dense_attention");
+  if (kv_cache.device == Device::kCuda) {
+    if (options.checked) {
+      const HostBatch host(batch, options.stream);
+      const auto plan = cpu::plan_rows(host.prefill, q.shape[0], s.block, kv_cache.shape.num_pages);
+      check_plan_values(plan, &host.prefill.cu_seqlens_q, q.shape[0]);
+    }
+    cuda::dense_attention(config, q, kv_cache, batch, outputs, options.stream);
+    return;
+  }
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
   if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
   const cpu::BlockSelection all = [](std::int64_t, std::int64_t, std::int64_t nvb,

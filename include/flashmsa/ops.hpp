@@ -116,7 +116,18 @@ struct AttentionOutputs {
   TensorView mxfp8_scales;
   fmt::ScaleLayout mxfp8_scale_layout = fmt::ScaleLayout::kRowMajor;
   fmt::Mxfp8ScaleRule mxfp8_scale_rule = fmt::Mxfp8ScaleRule::kRceil;
+  // CUDA backend only: uint8 device scratch of at least attention_workspace_bytes(...) bytes,
+  // 256-byte aligned (the prefill row plan; decode split partials). Ignored on the CPU. The
+  // indexer's workspace may be reused: the ops of one stream never overlap.
+  TensorView workspace;
 };
+
+// Bytes of `AttentionOutputs::workspace` the CUDA attention needs for any prefill, dense or
+// decode batch of at most `num_requests` requests and `num_rows` query rows (top-k lists up to
+// 64 wide). The decode split count depends only on the batch shape, so a buffer sized for the
+// capacity (max batch x max decode query length) serves every step and every captured graph.
+std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_rows,
+                                       std::int64_t num_requests);
 
 // Sparse GQA attention of q [T, Hq, D] (bf16 / fp16) over the blocks each (kv head, row) selected
 // in `topk` (int32 [Hkv, T, topk] as index_* writes it; ids that are -1, out of range, not

@@ -29,4 +29,14 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
 void index_decode(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                   const DecodeBatch& batch, const IndexOutputs& out, void* stream);
 
+// Sparse and dense attention (spec sections 5 and 7); arguments validated by src/ops.cpp.
+void sparse_attention_prefill(const Config& config, const TensorView& q, const KvCacheView& kv,
+                              const PrefillBatch& batch, const TensorView& topk,
+                              const AttentionOutputs& out, void* stream);
+void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv,
+                             const DecodeBatch& batch, const TensorView& topk,
+                             const AttentionOutputs& out, void* stream);
+void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv,
+                     const PrefillBatch& batch, const AttentionOutputs& out, void* stream);
+
 }  // namespace flashmsa::cuda

@@ -48,4 +48,21 @@ void index_decode(const Config&, const TensorView&, const IndexCacheView&, const
   throw Error(ErrorKind::kUnsupported, "index_decode: CUDA tensors, but this build has no CUDA");
 }
 
+void sparse_attention_prefill(const Config&, const TensorView&, const KvCacheView&,
+                              const PrefillBatch&, const TensorView&, const AttentionOutputs&,
+                              void*) {
+  throw Error(ErrorKind::kUnsupported,
+              "sparse_attention_prefill: CUDA tensors, but this build has no CUDA");
+}
+void sparse_attention_decode(const Config&, const TensorView&, const KvCacheView&,
+                             const DecodeBatch&, const TensorView&, const AttentionOutputs&,
+                             void*) {
+  throw Error(ErrorKind::kUnsupported,
+              "sparse_attention_decode: CUDA tensors, but this build has no CUDA");
+}
+void dense_attention(const Config&, const TensorView&, const KvCacheView&, const PrefillBatch&,
+                     const AttentionOutputs&, void*) {
+  throw Error(ErrorKind::kUnsupported, "dense_attention: CUDA tensors, but this build has no CUDA");
+}
+
 }  // namespace flashmsa::cuda

@@ -5,6 +5,7 @@
 #include <limits>
 #include <set>
 
+#include "flashmsa/formats.hpp"
 #include "tests/cpp/cache_test_util.hpp"
 
 namespace flashmsa::ref {
@@ -113,7 +114,7 @@ std::vector<std::int32_t> select_topk(const Config& c, const std::vector<double>
 AttentionRow attention(const Config& c, const std::vector<double>& q_row, std::int64_t kv_head,
                        std::int64_t position, std::int64_t request,
                        const std::vector<std::int32_t>& blocks, const KvCacheView& kv,
-                       const Table& table) {
+                       const Table& table, DType probabilities) {
   const std::int64_t d = c.head_dim, bs = c.sparse_block_size;
   const double scale = c.resolved_softmax_scale();
   const std::int64_t nvb = visible_blocks(position, bs);
@@ -143,14 +144,25 @@ AttentionRow attention(const Config& c, const std::vector<double>& q_row, std::i
     }
   }
   AttentionRow row{std::vector<double>(static_cast<std::size_t>(d), 0.0),
-                   -std::numeric_limits<double>::infinity()};
+                   -std::numeric_limits<double>::infinity(),
+                   std::vector<double>(static_cast<std::size_t>(d), 0.0)};
   if (logits.empty()) return row;
   const double mx = *std::max_element(logits.begin(), logits.end());
   double sum = 0;
   for (double l : logits) sum += std::exp(l - mx);
+  auto rounded = [probabilities](double p) -> double {
+    const auto f = static_cast<float>(p);
+    if (probabilities == DType::kBf16) return fmt::bf16_to_float(fmt::float_to_bf16(f));
+    if (probabilities == DType::kFp16) return fmt::fp16_to_float(fmt::float_to_fp16(f));
+    return p;
+  };
   for (std::size_t j = 0; j < logits.size(); ++j) {
-    const double p = std::exp(logits[j] - mx) / sum;
-    for (std::int64_t e = 0; e < d; ++e) row.out[e] += p * values[j][e];
+    const double p = std::exp(logits[j] - mx);
+    const double honest = rounded(p);
+    for (std::int64_t e = 0; e < d; ++e) {
+      row.out[e] += p / sum * values[j][e];
+      row.honest[e] += honest / sum * values[j][e];
+    }
   }
   row.lse = mx + std::log(sum);
   return row;

@@ -47,10 +47,14 @@ std::vector<std::int32_t> select_topk(const Config& c, const std::vector<double>
 struct AttentionRow {
   std::vector<double> out;  // [D]
   double lse;               // -inf when no key
+  // The honest low-precision version: each probability exp(l - max) rounded to
+  // `probabilities` (bf16 / fp16, as tensor-core kernels feed P to P V) before weighting V,
+  // the normaliser kept exact. Equal to `out` for fp32 probabilities.
+  std::vector<double> honest;
 };
 AttentionRow attention(const Config& c, const std::vector<double>& q_row, std::int64_t kv_head,
                        std::int64_t position, std::int64_t request,
                        const std::vector<std::int32_t>& blocks, const KvCacheView& kv,
-                       const Table& table);
+                       const Table& table, DType probabilities = DType::kFp32);
 
 }  // namespace flashmsa::ref

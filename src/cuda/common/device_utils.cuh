@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -26,6 +27,15 @@ __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
 __device__ __forceinline__ void cp_async_16(void* smem, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_address(smem)),
                "l"(global));
+}
+// Copies 16 bytes, or writes 16 zero bytes without reading when `fill` is false.
+__device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* global, bool fill) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(fill ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_8_or_zero(void* smem, const void* global, bool fill) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)),
+               "l"(global), "r"(fill ? 8 : 0));
 }
 // 8-byte copies (NVFP4 scale rows) go through L1: .cg only takes 16 bytes.
 __device__ __forceinline__ void cp_async_8(void* smem, const void* global) {
@@ -61,6 +71,21 @@ __device__ __forceinline__ void mma_bf16_16816(float (&d)[4], const std::uint32_
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The same with fp16 operands.
+__device__ __forceinline__ void mma_fp16_16816(float (&d)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ std::uint32_t pack_fp16(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
@@ -82,6 +107,13 @@ __device__ __forceinline__ std::int64_t min64(std::int64_t a, std::int64_t b) {
 }
 __device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) {
   return a > b ? a : b;
+}
+
+// 2^x by the SFU (ex2.approx.ftz: about 2 ulp; -inf gives +0).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
 }
 
 template <class T>

@@ -73,6 +73,13 @@ class DeviceMirror {
     }
     for (Region& r : regions_) r.device = upload_bytes(r.start, static_cast<std::size_t>(r.bytes));
   }
+  // Copies the host bytes to the device again (after the test changed them in place).
+  void refresh() const {
+    for (const Region& r : regions_) {
+      FLASHMSA_CHECK_CUDA(cudaMemcpy(r.device->get(), r.start, static_cast<std::size_t>(r.bytes),
+                                     cudaMemcpyHostToDevice));
+    }
+  }
   void download() const {
     for (const Region& r : regions_) {
       FLASHMSA_CHECK_CUDA(cudaMemcpy(const_cast<std::byte*>(r.start), r.device->get(),

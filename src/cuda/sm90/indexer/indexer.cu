@@ -135,6 +135,11 @@ std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
 
 }  // namespace
 
+void launch_index_plan(const IndexPlanParams& plan, cudaStream_t stream) {
+  index_plan_kernel<<<1, kIndexPlanThreads, 0, stream>>>(plan);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
 void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                    const PrefillBatch& batch, const IndexOutputs& out, void* stream) {
   const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
@@ -167,8 +172,7 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
     const IndexChunk chunk{begin, std::min(num_rows, begin + chunk_rows)};
     plan.chunk = l.score.chunk = l.topk.chunk = chunk;
     if (num_requests > 0) {
-      index_plan_kernel<<<1, kIndexPlanThreads, 0, l.stream>>>(plan);
-      FLASHMSA_CHECK_LAUNCH();
+      launch_index_plan(plan, l.stream);
       const dim3 grid(static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
                       static_cast<unsigned>(ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1),
                                                      kPrefillPagesPerSplit)));

@@ -95,6 +95,11 @@ struct IndexPlanParams {
   std::int32_t* tile_offset = nullptr;    // [B + 1], tiles of the chunk
 };
 
+#ifdef __CUDACC__
+// Launches index_plan_kernel (defined with the indexer; the attention plans its tiles with it).
+void launch_index_plan(const IndexPlanParams& plan, cudaStream_t stream);
+#endif
+
 struct IndexTopkParams {
   const float* scores = nullptr;  // [Hidx, chunk rows, max_blocks]
   RowMap rows;

@@ -1,0 +1,65 @@
+// The device scratch of the CUDA attention (attention_workspace_bytes) and the decode split rule
+// it depends on. Host-only arithmetic, shared by the op layer and the CUDA host code.
+//
+// Prefill keeps the plan of the batch's rows there; decode keeps the fp32 partial results of its
+// splits. The split count depends only on the batch shape (never on lengths), so a buffer sized
+// for the largest batch serves every smaller one and a captured CUDA graph stays valid.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "src/index_workspace.hpp"
+
+namespace flashmsa::detail {
+
+// Decode CTAs to aim for: two per SM of an H100 / H200 (132 SMs; the kernel holds one per SM).
+inline constexpr std::int64_t kAttentionDecodeTargetCtas = 2 * 132;
+// Query rows per decode CTA: 1 for dql = 1 (4 warps split each page's keys), else 4.
+constexpr std::int64_t attention_decode_tile_rows(std::int64_t decode_query_len) {
+  return decode_query_len == 1 ? 1 : 4;
+}
+
+// Splits of each (request, row tile, kv head)'s selected pages: enough CTAs to fill the GPU,
+// at most one split per page a tile can select.
+constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
+                                               std::int64_t decode_query_len,
+                                               std::int64_t kv_heads, std::int64_t topk_width) {
+  const std::int64_t rows = attention_decode_tile_rows(decode_query_len);
+  const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
+  const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
+  const std::int64_t want = (kAttentionDecodeTargetCtas + ctas - 1) / ctas;
+  return std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(1, rows * topk_width));
+}
+
+struct AttentionWorkspaceLayout {
+  std::int64_t request_begin = 0, request_end = 0, tile_offset = 0;  // prefill plan
+  std::int64_t partial_out = 0, partial_lse = 0;                      // decode partials
+  std::int64_t bytes = 0;
+};
+
+constexpr AttentionWorkspaceLayout attention_prefill_layout(std::int64_t num_requests) {
+  AttentionWorkspaceLayout l;
+  l.request_end = align_up(4 * num_requests, 256);
+  l.tile_offset = l.request_end + align_up(4 * num_requests, 256);
+  l.bytes = l.tile_offset + align_up(4 * (num_requests + 1), 256);
+  return l;
+}
+
+constexpr AttentionWorkspaceLayout attention_decode_layout(std::int64_t num_requests,
+                                                           std::int64_t decode_query_len,
+                                                           std::int64_t q_heads,
+                                                           std::int64_t kv_heads,
+                                                           std::int64_t head_dim,
+                                                           std::int64_t topk_width) {
+  AttentionWorkspaceLayout l;
+  const std::int64_t splits =
+      attention_decode_splits(num_requests, decode_query_len, kv_heads, topk_width);
+  if (splits == 1) return l;  // no partials: the kernel writes the outputs
+  const std::int64_t vectors = splits * num_requests * decode_query_len * q_heads;
+  l.partial_lse = align_up(vectors * head_dim * 4, 256);
+  l.bytes = l.partial_lse + align_up(vectors * 4, 256);
+  return l;
+}
+
+}  // namespace flashmsa::detail

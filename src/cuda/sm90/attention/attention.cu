@@ -1,0 +1,269 @@
+// Host side of the CUDA attention: checks what only the CUDA path needs (alignment, widths,
+// workspace), fills AttentionParams and launches plan (prefill), attention and combine (decode
+// with splits). No host synchronisation and no allocation: decode can be captured in a graph.
+#include <cuda_runtime.h>
+
+#include "flashmsa/error.hpp"
+#include "src/attention_workspace.hpp"
+#include "src/cuda/cuda_ops.hpp"
+#include "src/cuda/sm90/attention/attention_kernel.cuh"
+
+namespace flashmsa::cuda {
+
+extern template void launch_attention<AttentionPrefillTraits>(const AttentionParams&, DType, DType,
+                                                               dim3, cudaStream_t);
+extern template void launch_attention<AttentionDecode1Traits>(const AttentionParams&, DType, DType,
+                                                               dim3, cudaStream_t);
+extern template void launch_attention<AttentionDecode4Traits>(const AttentionParams&, DType, DType,
+                                                               dim3, cudaStream_t);
+
+// Log-sum-exp merge of the splits: one CTA per (row, kv head), a thread per (head, group of 32).
+constexpr int kAttentionCombineThreads = 64;
+
+__global__ void __launch_bounds__(kAttentionCombineThreads)
+    attention_combine_kernel(const __grid_constant__ AttentionParams p) {
+  const std::int64_t t = blockIdx.x;
+  const int head = threadIdx.x / 4, grp = threadIdx.x % 4;
+  if (head >= p.group) return;
+  const int hq = blockIdx.y * p.group + head;
+  auto vec = [&](int s) { return (std::int64_t{s} * p.num_rows + t) * p.num_q_heads + hq; };
+  float m = -INFINITY;
+  for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.partial_lse[vec(s)]);
+  float v[32] = {};
+  float lse = -INFINITY;
+  if (m != -INFINITY) {
+    float l = 0.0f;
+    for (int s = 0; s < p.splits; ++s) {
+      const float lse_s = p.partial_lse[vec(s)];
+      if (lse_s == -INFINITY) continue;
+      const float w = __expf(lse_s - m);
+      l += w;
+      const auto* src = reinterpret_cast<const float4*>(p.partial_out + vec(s) * 128 + grp * 32);
+      for (int j = 0; j < 8; ++j) {
+        const float4 x = src[j];
+        v[4 * j] += w * x.x;
+        v[4 * j + 1] += w * x.y;
+        v[4 * j + 2] += w * x.z;
+        v[4 * j + 3] += w * x.w;
+      }
+    }
+    for (float& x : v) x /= l;
+    lse = m + __logf(l);
+  }
+  attention_detail::store_group(p.store, t, hq, grp, v, lse);
+}
+
+// Prefill rows no request covers (inconsistent cu_seqlens) get zeros and -inf, as on the CPU.
+constexpr int kAttentionEmptyRowThreads = 256;
+
+__global__ void __launch_bounds__(kAttentionEmptyRowThreads)
+    attention_empty_rows_kernel(const __grid_constant__ AttentionParams p) {
+  const std::int64_t t = blockIdx.x;
+  if (p.rows.request_of(t) >= 0) return;
+  const float zeros[32] = {};
+  for (int item = threadIdx.x; item < p.num_q_heads * 4; item += kAttentionEmptyRowThreads) {
+    attention_detail::store_group(p.store, t, item / 4, item % 4, zeros, -INFINITY);
+  }
+}
+
+static_assert(detail::attention_decode_tile_rows(1) == AttentionDecode1Traits::kRows &&
+              detail::attention_decode_tile_rows(2) == AttentionDecode4Traits::kRows);
+
+namespace {
+
+bool aligned(const void* p, std::int64_t a) {
+  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
+}
+
+std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+KvPlane plane(const CachePlane& c) {
+  return {static_cast<const std::byte*>(c.data), c.page_stride, c.head_stride, c.token_stride};
+}
+
+void check_plane(const CachePlane& c, const char* name, std::int64_t alignment) {
+  FLASHMSA_CHECK_ARG(aligned(c.data, alignment) && c.page_stride % alignment == 0 &&
+                         c.head_stride % alignment == 0 && c.token_stride % alignment == 0,
+                     "kv_cache.", name, " rows must be ", alignment,
+                     "-byte aligned on the CUDA backend (pointer and page / head / token strides)");
+}
+
+// The common part of every attention launch.
+AttentionParams common_params(const Config& config, const TensorView& q, const KvCacheView& kv,
+                              const TensorView& block_table, const TensorView* topk,
+                              const AttentionOutputs& out) {
+  const ResolvedHeads heads = config.resolve_heads();
+  const std::int64_t group = heads.num_attention_heads / heads.num_key_value_heads;
+  FLASHMSA_CHECK_SUPPORTED(group >= 1 && group <= 16,
+                           "the CUDA attention needs at most 16 q heads per kv head, got ", group);
+  FLASHMSA_CHECK_ARG(q.stride[2] == 1 && aligned(q.data, 16) && q.stride[0] % 8 == 0 &&
+                         q.stride[1] % 8 == 0,
+                     "q must have contiguous, 16-byte aligned head vectors on the CUDA backend");
+  check_plane(kv.k, "k", 16);
+  check_plane(kv.v, "v", 16);
+  if (kv.dtype == DType::kNvfp4) {
+    check_plane(kv.k_block_scale, "k_block_scale", 8);
+    check_plane(kv.v_block_scale, "v_block_scale", 8);
+  }
+
+  AttentionParams p;
+  p.q = q.data;
+  p.q_row_stride = q.stride[0];
+  p.q_head_stride = q.stride[1];
+  p.k = plane(kv.k);
+  p.v = plane(kv.v);
+  p.k_scales = plane(kv.k_block_scale);
+  p.v_scales = plane(kv.v_block_scale);
+  p.num_pages = kv.shape.num_pages;
+  p.block_table = block_table.as<const std::int32_t>();
+  p.table_stride = block_table.stride[0];
+  p.max_blocks = static_cast<std::int32_t>(block_table.shape[1]);
+  p.group = static_cast<std::int32_t>(group);
+  p.num_q_heads = static_cast<std::int32_t>(heads.num_attention_heads);
+  const bool fp8 = kv.dtype == DType::kFp8E4m3 || kv.dtype == DType::kFp8E5m2;
+  constexpr float kLog2e = 1.4426950408889634f;
+  p.score_scale_log2 = config.resolved_softmax_scale() * (fp8 ? kv.k_scale : 1.0f) * kLog2e;
+  p.v_scale = fp8 ? kv.v_scale : 1.0f;
+  p.num_rows = q.shape[0];
+  if (topk) {
+    FLASHMSA_CHECK_SUPPORTED(topk->shape[2] <= AttentionPrefillTraits::kMaxTopk,
+                             "the CUDA attention takes top-k lists of at most ",
+                             AttentionPrefillTraits::kMaxTopk, " blocks, got ", topk->shape[2]);
+    p.topk = topk->as<const std::int32_t>();
+    for (int i = 0; i < 3; ++i) p.topk_stride[i] = topk->stride[i];
+    p.topk_width = static_cast<std::int32_t>(topk->shape[2]);
+  }
+
+  AttentionStore& s = p.store;
+  s.out = out.out.data;
+  s.dtype = out.out.dtype;
+  FLASHMSA_CHECK_ARG(aligned(out.out.data, 16), "out must be 16-byte aligned on the CUDA backend");
+  if (s.dtype == DType::kFp8E4m3) {
+    FLASHMSA_CHECK_ARG(out.out.stride[1] == 1 && out.out.stride[0] % 16 == 0,
+                       "out (MXFP8) must have contiguous rows with a stride that is a multiple "
+                       "of 16 bytes on the CUDA backend, got stride ",
+                       out.out.stride[0]);
+    s.row_stride = out.out.stride[0];
+    s.mxfp8_scales = out.mxfp8_scales.as<std::uint8_t>();
+    s.mxfp8_scale_cols = out.out.shape[1] / fmt::kMxfp8GroupSize;
+    s.mxfp8_layout = out.mxfp8_scale_layout;
+    s.mxfp8_rule = out.mxfp8_scale_rule;
+  } else {
+    const std::int64_t per16 = 16 / (dtype_bits(s.dtype) / 8);
+    FLASHMSA_CHECK_ARG(out.out.stride[2] == 1 && out.out.stride[0] % per16 == 0 &&
+                           out.out.stride[1] % per16 == 0,
+                       "out must have contiguous, 16-byte aligned head vectors on the CUDA "
+                       "backend");
+    s.row_stride = out.out.stride[0];
+    s.head_stride = out.out.stride[1];
+  }
+  if (out.lse.data) {
+    s.lse = out.lse.as<float>();
+    s.lse_row_stride = out.lse.stride[0];
+    s.lse_head_stride = out.lse.stride[1];
+  }
+  return p;
+}
+
+std::byte* checked_workspace(const AttentionOutputs& out, std::int64_t bytes) {
+  if (bytes == 0) return nullptr;
+  FLASHMSA_CHECK_ARG(out.workspace.data != nullptr && out.workspace.shape[0] >= bytes &&
+                         aligned(out.workspace.data, 256),
+                     "workspace must be a 256-byte aligned device buffer of at least ", bytes,
+                     " bytes (attention_workspace_bytes) on the CUDA backend, got ",
+                     out.workspace.data ? out.workspace.shape[0] : 0, " bytes");
+  return static_cast<std::byte*>(out.workspace.data);
+}
+
+void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype, DType q_dtype,
+                 const AttentionOutputs& out, cudaStream_t stream) {
+  const std::int64_t num_requests = batch.seq_lens.shape[0];
+  const auto layout = detail::attention_prefill_layout(num_requests);
+  std::byte* ws = checked_workspace(out, layout.bytes);
+  auto* begin = reinterpret_cast<std::int32_t*>(ws + layout.request_begin);
+  auto* end = reinterpret_cast<std::int32_t*>(ws + layout.request_end);
+  auto* tiles = reinterpret_cast<std::int32_t*>(ws + layout.tile_offset);
+  p.rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
+  p.rows.seq_lens_stride = batch.seq_lens.stride[0];
+  p.rows.num_requests = static_cast<std::int32_t>(num_requests);
+  p.rows.request_begin = begin;
+  p.rows.request_end = end;
+  p.tile_offset = tiles;
+  if (p.num_rows == 0) return;
+  if (num_requests > 0) {
+    IndexPlanParams plan;
+    plan.cu_seqlens = batch.cu_seqlens_q.as<const std::int32_t>();
+    plan.cu_stride = batch.cu_seqlens_q.stride[0];
+    plan.num_requests = p.rows.num_requests;
+    plan.num_rows = p.num_rows;
+    plan.chunk = {0, p.num_rows};
+    plan.tile_rows = AttentionPrefillTraits::kRows;
+    plan.request_begin = begin;
+    plan.request_end = end;
+    plan.tile_offset = tiles;
+    launch_index_plan(plan, stream);
+    const dim3 grid(
+        static_cast<unsigned>(ceil_div(p.num_rows, AttentionPrefillTraits::kRows) + num_requests),
+        static_cast<unsigned>(p.num_q_heads / p.group), 1);
+    launch_attention<AttentionPrefillTraits>(p, cache_dtype, q_dtype, grid, stream);
+  }
+  attention_empty_rows_kernel<<<static_cast<unsigned>(p.num_rows), kAttentionEmptyRowThreads, 0,
+                                stream>>>(p);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void sparse_attention_prefill(const Config& config, const TensorView& q, const KvCacheView& kv,
+                              const PrefillBatch& batch, const TensorView& topk,
+                              const AttentionOutputs& out, void* stream) {
+  const AttentionParams p = common_params(config, q, kv, batch.block_table, &topk, out);
+  run_prefill(p, batch, kv.dtype, q.dtype, out, static_cast<cudaStream_t>(stream));
+}
+
+void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv,
+                     const PrefillBatch& batch, const AttentionOutputs& out, void* stream) {
+  const AttentionParams p = common_params(config, q, kv, batch.block_table, nullptr, out);
+  run_prefill(p, batch, kv.dtype, q.dtype, out, static_cast<cudaStream_t>(stream));
+}
+
+void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv,
+                             const DecodeBatch& batch, const TensorView& topk,
+                             const AttentionOutputs& out, void* stream) {
+  AttentionParams p = common_params(config, q, kv, batch.block_table, &topk, out);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const std::int64_t num_requests = batch.seq_lens.shape[0];
+  const int dql = batch.decode_query_len;
+  const std::int64_t hkv = p.num_q_heads / p.group;
+  p.rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
+  p.rows.seq_lens_stride = batch.seq_lens.stride[0];
+  p.rows.num_requests = static_cast<std::int32_t>(num_requests);
+  p.rows.decode_query_len = dql;
+  p.splits = static_cast<std::int32_t>(
+      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width));
+  const auto layout =
+      detail::attention_decode_layout(num_requests, dql, p.num_q_heads, hkv, 128, p.topk_width);
+  std::byte* ws = checked_workspace(out, layout.bytes);
+  if (p.splits > 1) {
+    p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out);
+    p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse);
+  }
+  if (num_requests == 0) return;
+  const std::int64_t tile_rows = detail::attention_decode_tile_rows(dql);
+  const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
+                  static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
+  if (tile_rows == 1) {
+    launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
+  } else {
+    launch_attention<AttentionDecode4Traits>(p, kv.dtype, q.dtype, grid, s);
+  }
+  if (p.splits > 1) {
+    attention_combine_kernel<<<dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
+                               kAttentionCombineThreads, 0, s>>>(p);
+    FLASHMSA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace flashmsa::cuda

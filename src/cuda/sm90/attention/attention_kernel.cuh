@@ -1,0 +1,608 @@
+// attention_kernel: sparse (or dense) GQA attention of a tile of query rows of one request and
+// one kv head, over the union of the pages the tile's rows selected (see attention_params.hpp).
+//
+// Work split: warp (row, key part) owns one query row's G <= 16 query heads (the 16 rows of an
+// m16n8k16 MMA) and 128 / kKeySplit keys of every page. A page is loaded once per CTA (cp.async
+// ring; tokens after the tile's last position are zero-filled, never read) and every warp whose
+// row selected it attends to it: S = Q K^T and O += P V with mma.sync, fp32 accumulation and an
+// online softmax in log2 units; P is rounded to the MMA type (bf16 or fp16) for P V, as the spec
+// allows. A warp whose row did not select a page skips it, so random selections cost loads but
+// no wasted MMAs, and coherent selections (neighbouring rows picking the same pages) share them.
+// E4M3 / E5M2 / NVFP4 pages are widened exactly to the 16-bit MMA type in shared memory.
+//
+// The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
+// fp32 / MXFP8 and the log-sum-exp) or, with several splits, a normalised fp32 partial and its
+// log-sum-exp for attention_combine_kernel.
+#pragma once
+
+#include <cub/block/block_scan.cuh>
+#include <cuda_fp8.h>
+
+#include "flashmsa/error.hpp"
+#include "flashmsa/formats.hpp"
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/attention/attention_params.hpp"
+
+namespace flashmsa::cuda {
+
+// How a cache page reaches the tensor cores.
+enum class KvFormat {
+  kNative16,  // bf16 / fp16 cache: copied straight into the swizzled MMA tiles
+  kE4m3,
+  kE5m2,
+  kNvfp4,  // the three others: raw bytes, then widened exactly to the MMA type
+};
+
+template <int kRows_, int kKeySplit_, int kStages_>
+struct AttentionTraits {
+  static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
+  static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
+  static constexpr int kStages = kStages_;
+  static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
+  static constexpr int kWarpKeys = 128 / kKeySplit;
+  static constexpr int kChunkKeys = kWarpKeys < 64 ? kWarpKeys : 64;  // keys per softmax step
+  static constexpr int kMaxTopk = 64;
+  static constexpr int kMaxUnion = kRows * kMaxTopk;
+  static constexpr int kWindow = 2048;  // blocks marked per pass of the union build
+  static constexpr int kPartialStride = 132;  // floats per epilogue row (4 of padding: banks)
+  static_assert(kChunkKeys % 16 == 0 && kWindow % kThreads == 0);
+};
+
+// Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
+using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
+// Decode, dql = 1: one row, 4 warps split each page's keys, 3 pages in flight.
+using AttentionDecode1Traits = AttentionTraits<1, 4, 3>;
+// Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages).
+using AttentionDecode4Traits = AttentionTraits<4, 1, 3>;
+
+template <KvFormat kFormat>
+constexpr int kv_raw_page_bytes() {
+  if constexpr (kFormat == KvFormat::kNative16) return 2 * 128 * 256;
+  if constexpr (kFormat == KvFormat::kNvfp4) return 2 * (128 * 64 + 128 * 8);
+  return 2 * 128 * 128;
+}
+
+template <class Traits, KvFormat kFormat>
+constexpr int attention_smem_bytes() {
+  constexpr int q = Traits::kRows * 16 * 256;
+  constexpr int union_lists = Traits::kMaxUnion * 12;
+  constexpr int stages = Traits::kStages * kv_raw_page_bytes<kFormat>();
+  constexpr int widened = kFormat == KvFormat::kNative16 ? 0 : 2 * 128 * 256;
+  return q + union_lists + stages + widened;
+}
+
+namespace attention_detail {
+
+template <class Elem>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Elem, __half>) {
+    return pack_fp16(lo, hi);
+  } else {
+    return pack_bf16(lo, hi);
+  }
+}
+
+template <class Elem>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  if constexpr (std::is_same_v<Elem, __half>) {
+    mma_fp16_16816(d, a, b0, b1);
+  } else {
+    mma_bf16_16816(d, a, b0, b1);
+  }
+}
+
+// Stores 32 consecutive output values (group `grp` of head `hq`'s D = 128) of row t, and the
+// log-sum-exp with group 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
+__device__ inline void store_group(const AttentionStore& s, std::int64_t t, int hq, int grp,
+                            const float (&v)[32], float lse) {
+  if (s.dtype == DType::kFp8E4m3) {
+    std::uint16_t bf16[32];
+    for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
+    alignas(16) std::uint8_t codes[32];
+    const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
+    const std::int64_t col = std::int64_t{hq} * 128 + grp * 32;
+    auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + col);
+    dst[0] = reinterpret_cast<const uint4*>(codes)[0];
+    dst[1] = reinterpret_cast<const uint4*>(codes)[1];
+    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, col / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] = scale;
+  } else if (s.dtype == DType::kFp32) {
+    auto* dst = reinterpret_cast<float4*>(static_cast<float*>(s.out) + t * s.row_stride +
+                                          hq * s.head_stride + grp * 32);
+    for (int i = 0; i < 8; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+  } else {
+    const bool half = s.dtype == DType::kFp16;
+    auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.out) + t * s.row_stride +
+                                         hq * s.head_stride + grp * 32);
+    for (int i = 0; i < 4; ++i) {
+      std::uint32_t w[4];
+      for (int j = 0; j < 4; ++j) {
+        const float lo = v[8 * i + 2 * j], hi = v[8 * i + 2 * j + 1];
+        w[j] = half ? pack_fp16(lo, hi) : pack_bf16(lo, hi);
+      }
+      dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+  }
+  if (grp == 0 && s.lse) s.lse[t * s.lse_row_stride + hq * s.lse_head_stride] = lse;
+}
+
+// The query rows a CTA owns: rows [row, row + rows) of `request`, at positions pos, pos + 1, ...
+// A negative position (padding, or lengths shorter than the rows) sees nothing.
+struct Tile {
+  std::int32_t request = -1;
+  std::int64_t row = 0, pos = -1;
+  int rows = 0;
+  bool padding = false;
+  __device__ std::int64_t position(int i) const { return padding ? -1 : pos + i; }
+};
+
+template <class Traits>
+__device__ Tile find_tile(const AttentionParams& p) {
+  Tile tile;
+  const RowMap& m = p.rows;
+  if (m.decode_query_len > 0) {
+    const int dql = m.decode_query_len;
+    const int tiles_per_request = (dql + Traits::kRows - 1) / Traits::kRows;
+    const std::int64_t r = blockIdx.x / tiles_per_request;
+    const int sub = static_cast<int>(blockIdx.x % tiles_per_request) * Traits::kRows;
+    if (r >= m.num_requests) return tile;
+    tile.request = static_cast<std::int32_t>(r);
+    tile.row = r * dql + sub;
+    tile.rows = min(Traits::kRows, dql - sub);
+    const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
+    tile.padding = len <= 0;
+    tile.pos = len - dql + sub;
+    return tile;
+  }
+  // Prefill: the last tiles (longest rows) first, so the heaviest CTAs start in the first wave.
+  const std::int32_t total = p.tile_offset[m.num_requests];
+  const std::int32_t i = total - 1 - static_cast<std::int32_t>(blockIdx.x);
+  if (i < 0) return tile;
+  std::int32_t lo = 0, hi = m.num_requests;  // last request whose first tile is <= i
+  while (hi - lo > 1) {
+    const std::int32_t mid = (lo + hi) / 2;
+    if (p.tile_offset[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
+  tile.request = lo;
+  tile.row = begin + std::int64_t{i - p.tile_offset[lo]} * Traits::kRows;
+  tile.rows = static_cast<int>(min64(Traits::kRows, end - tile.row));
+  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
+  return tile;
+}
+
+// Issues the cp.async copies of one page (K then V) into a raw stage; tokens at or after `limit`
+// are zero-filled without being read.
+template <class Traits, KvFormat kFormat>
+__device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_head, int limit,
+                          std::byte* stage) {
+  constexpr int kHalf = kv_raw_page_bytes<kFormat>() / 2;
+  for (int plane = 0; plane < 2; ++plane) {
+    const KvPlane& src = plane == 0 ? p.k : p.v;
+    const std::byte* base = src.data + page * src.page_stride + kv_head * src.head_stride;
+    std::byte* dst = stage + plane * kHalf;
+    if constexpr (kFormat == KvFormat::kNative16) {
+      for (int i = threadIdx.x; i < 128 * kRowChunks; i += Traits::kThreads) {
+        const int token = i / kRowChunks, chunk = i % kRowChunks;
+        cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16,
+                            base + token * src.token_stride + chunk * 16, token < limit);
+      }
+    } else if constexpr (kFormat == KvFormat::kNvfp4) {
+      for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
+        const int token = i / 4, chunk = i % 4;
+        cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
+                            token < limit);
+      }
+      const KvPlane& sc = plane == 0 ? p.k_scales : p.v_scales;
+      const std::byte* scales = sc.data + page * sc.page_stride + kv_head * sc.head_stride;
+      for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
+        cp_async_8_or_zero(dst + 128 * 64 + token * 8, scales + token * sc.token_stride,
+                           token < limit);
+      }
+    } else {
+      for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
+        const int token = i / 8, chunk = i % 8;
+        cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
+                            token < limit);
+      }
+    }
+  }
+}
+
+// Widens a raw 8- or 4-bit stage (K then V) into the swizzled 16-bit tiles, exactly: every
+// E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in bf16 and in fp16.
+template <class Traits, KvFormat kFormat, class Elem>
+__device__ void widen_page(const std::byte* stage, std::byte* tiles) {
+  constexpr int kHalf = kv_raw_page_bytes<kFormat>() / 2;
+  for (int i = threadIdx.x; i < 2 * 128 * 8; i += Traits::kThreads) {
+    const int plane = i / 1024, token = (i / 8) % 128, group = i % 8;  // 16 elements
+    const std::byte* raw = stage + plane * kHalf;
+    float x[16];
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
+      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
+      const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
+      const std::uint32_t words[2] = {codes.x, codes.y};
+      constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+      for (int j = 0; j < 16; ++j) {
+        const std::uint32_t code = (words[j / 8] >> (4 * (j % 8))) & 0xFu;
+        const float m = kE2m1[code & 7u] * scale;
+        x[j] = (code & 8u) ? -m : m;
+      }
+    } else {
+      const uint4 bytes = *reinterpret_cast<const uint4*>(raw + token * 128 + group * 16);
+      const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
+      constexpr __nv_fp8_interpretation_t kKind =
+          kFormat == KvFormat::kE4m3 ? __NV_E4M3 : __NV_E5M2;
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], kKind)));
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    }
+    uint4 out[2];
+    auto* o = reinterpret_cast<std::uint32_t*>(out);
+    for (int j = 0; j < 8; ++j) o[j] = pack2<Elem>(x[2 * j], x[2 * j + 1]);
+    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
+    dst[swizzled_chunk(token, 2 * group)] = out[0];
+    dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
+  }
+}
+
+}  // namespace attention_detail
+
+template <class Traits, KvFormat kFormat, class Elem, class QElem>
+__global__ void __launch_bounds__(Traits::kThreads)
+    attention_kernel(const __grid_constant__ AttentionParams p) {
+  using namespace attention_detail;
+  constexpr bool kWiden = kFormat != KvFormat::kNative16;
+  constexpr int kStageBytes = kv_raw_page_bytes<kFormat>();
+  extern __shared__ __align__(128) std::byte smem[];
+  std::byte* q_tile = smem;
+  auto* union_block = reinterpret_cast<std::int32_t*>(q_tile + Traits::kRows * 16 * 256);
+  auto* union_page = union_block + Traits::kMaxUnion;
+  auto* union_mask = reinterpret_cast<std::uint32_t*>(union_page + Traits::kMaxUnion);
+  std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
+  std::byte* widened = stages + Traits::kStages * kStageBytes;
+
+  const Tile tile = find_tile<Traits>(p);
+  if (tile.request < 0) return;
+  const int kv_head = blockIdx.y, split = blockIdx.z;
+  const std::int32_t* table = p.block_table + tile.request * p.table_stride;
+  auto page_of = [&](std::int64_t b) -> std::int64_t {
+    if (b < 0 || b >= p.max_blocks) return -1;
+    const std::int64_t page = table[b];
+    return page >= 0 && page < p.num_pages ? page : -1;
+  };
+  const std::int64_t last_pos = tile.position(tile.rows - 1);
+  const std::int64_t tile_blocks = last_pos < 0 ? 0 : last_pos / 128 + 1;
+
+  // ---- The union of the tile's selected pages, ascending, with the rows that chose each ----
+  int num_entries;
+  if (p.topk == nullptr) {
+    num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
+  } else {
+    using Scan = cub::BlockScan<int, Traits::kThreads>;
+    auto* marks = reinterpret_cast<std::uint32_t*>(stages);  // stages are free until the ring
+    auto* scan_storage =
+        reinterpret_cast<typename Scan::TempStorage*>(marks + Traits::kWindow);
+    __shared__ int carry;
+    if (threadIdx.x == 0) carry = 0;
+    __syncthreads();
+    const int candidates = tile.rows * p.topk_width;
+    for (std::int64_t w0 = 0; w0 < tile_blocks; w0 += Traits::kWindow) {
+      for (int i = threadIdx.x; i < Traits::kWindow; i += Traits::kThreads) marks[i] = 0;
+      __syncthreads();
+      for (int c = threadIdx.x; c < candidates; c += Traits::kThreads) {
+        const int i = c / p.topk_width, j = c % p.topk_width;
+        const std::int64_t b = p.topk[kv_head * p.topk_stride[0] + (tile.row + i) * p.topk_stride[1] +
+                                      j * p.topk_stride[2]];
+        const std::int64_t pos = tile.position(i);
+        if (b >= w0 && b < w0 + Traits::kWindow && pos >= 0 && b <= pos / 128 && page_of(b) >= 0) {
+          atomicOr(&marks[b - w0], 1u << i);
+        }
+      }
+      __syncthreads();
+      constexpr int kPerThread = Traits::kWindow / Traits::kThreads;
+      const int first = threadIdx.x * kPerThread;
+      int count = 0;
+      for (int i = 0; i < kPerThread; ++i) count += marks[first + i] != 0;
+      int offset, total;
+      Scan(*scan_storage).ExclusiveSum(count, offset, total);
+      offset += carry;
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::uint32_t m = marks[first + i];
+        if (m == 0) continue;
+        const std::int64_t b = w0 + first + i;
+        union_block[offset] = static_cast<std::int32_t>(b);
+        union_page[offset] = static_cast<std::int32_t>(page_of(b));
+        union_mask[offset] = m;
+        ++offset;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) carry += total;
+      __syncthreads();
+    }
+    num_entries = carry;
+  }
+  // Dense entries: the rows whose position reaches the block, if the table has its page.
+  auto entry_page = [&](int e) -> std::int64_t {
+    return p.topk ? union_page[e] : page_of(e);
+  };
+  auto entry_block = [&](int e) -> std::int64_t { return p.topk ? union_block[e] : e; };
+  auto entry_mask = [&](int e) -> std::uint32_t {
+    if (p.topk) return union_mask[e];
+    if (page_of(e) < 0) return 0;
+    std::uint32_t m = 0;
+    for (int i = 0; i < tile.rows; ++i) m |= (tile.position(i) >= std::int64_t{e} * 128) ? 1u << i : 0u;
+    return m;
+  };
+  const int per_split = (num_entries + p.splits - 1) / p.splits;
+  const int begin = min(num_entries, split * per_split);
+  const int end = min(num_entries, begin + per_split);
+  auto issue = [&](int e, int stage) {
+    const std::int64_t page = entry_page(e);
+    if (page < 0) return;
+    const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
+    load_page<Traits, kFormat>(p, page, kv_head, limit, stages + stage * kStageBytes);
+  };
+  for (int s = 0; s < Traits::kStages - 1; ++s) {
+    if (begin + s < end) issue(begin + s, s);
+    cp_async_commit();
+  }
+
+  // ---- Queries: each warp row's G heads as the 16 rows of an MMA tile (rows >= G are zero) ----
+  for (int i = threadIdx.x; i < Traits::kRows * 16 * kRowChunks; i += Traits::kThreads) {
+    const int r = i / kRowChunks, chunk = i % kRowChunks;
+    const int row = r / 16, head = r % 16;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < tile.rows && head < p.group) {
+      const auto* src = static_cast<const QElem*>(p.q) + (tile.row + row) * p.q_row_stride +
+                        (kv_head * p.group + head) * p.q_head_stride + chunk * 8;
+      value = *reinterpret_cast<const uint4*>(src);
+      if constexpr (!std::is_same_v<QElem, Elem>) {
+        const auto* in = reinterpret_cast<const QElem*>(&value);
+        std::uint32_t w[4];
+        for (int j = 0; j < 4; ++j) {
+          w[j] = pack2<Elem>(static_cast<float>(in[2 * j]), static_cast<float>(in[2 * j + 1]));
+        }
+        value = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+    }
+    reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(r, chunk)] = value;
+  }
+  __syncthreads();
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
+  const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
+  std::uint32_t qf[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+    ldmatrix_x4(qf[ks], q_tile + swizzled_chunk(warp_row * 16 + lane % 16, 2 * ks + lane / 16) * 16);
+  }
+  float o[16][4];
+#pragma unroll
+  for (auto& n : o) {
+    for (float& x : n) x = 0.0f;
+  }
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
+
+  for (int e = begin; e < end; ++e) {
+    cp_async_wait<Traits::kStages - 2>();
+    __syncthreads();
+    {
+      const int next = e + Traits::kStages - 1;
+      if (next < end) issue(next, (next - begin) % Traits::kStages);
+      cp_async_commit();
+    }
+    const std::byte* tiles = stages + ((e - begin) % Traits::kStages) * kStageBytes;
+    if constexpr (kWiden) {
+      if (entry_page(e) >= 0) widen_page<Traits, kFormat, Elem>(tiles, widened);
+      __syncthreads();
+      tiles = widened;
+    }
+    if (!((entry_mask(e) >> warp_row) & 1u)) continue;
+    const std::byte* k_tile = tiles;
+    const std::byte* v_tile = tiles + 128 * 256;
+    const std::int64_t first_key = entry_block(e) * 128;
+#pragma unroll 1
+    for (int kc = 0; kc < Traits::kWarpKeys / Traits::kChunkKeys; ++kc) {
+      const int key0 = key_part * Traits::kWarpKeys + kc * Traits::kChunkKeys;
+      if (first_key + key0 > my_pos) break;
+      constexpr int kNT = Traits::kChunkKeys / 8;
+      float s[kNT][4];
+#pragma unroll
+      for (auto& n : s) {
+        for (float& x : n) x = 0.0f;
+      }
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+        for (int np = 0; np < kNT / 2; ++np) {
+          std::uint32_t b[4];
+          const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+          mma<Elem>(s[2 * np], qf[ks], b[0], b[1]);
+          mma<Elem>(s[2 * np + 1], qf[ks], b[2], b[3]);
+        }
+      }
+      const bool all_visible = first_key + key0 + Traits::kChunkKeys - 1 <= my_pos;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[nt][2 * half + c];
+            const int key = key0 + nt * 8 + 2 * (lane % 4) + c;
+            x = (all_visible || first_key + key <= my_pos) ? x * p.score_scale_log2 : -INFINITY;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float new_max = fmaxf(row_max[half], mx);
+        const float ref = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: no NaN
+        const float alpha = fast_exp2(row_max[half] - ref);
+        row_max[half] = new_max;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            float& x = s[nt][2 * half + c];
+            x = fast_exp2(x - ref);
+            sum += x;
+          }
+        }
+        row_sum[half] = row_sum[half] * alpha + sum;
+#pragma unroll
+        for (int nt = 0; nt < 16; ++nt) {
+          o[nt][2 * half] *= alpha;
+          o[nt][2 * half + 1] *= alpha;
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < kNT / 2; ++kk) {
+        const std::uint32_t a[4] = {pack2<Elem>(s[2 * kk][0], s[2 * kk][1]),
+                                    pack2<Elem>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int np = 0; np < 8; ++np) {
+          std::uint32_t b[4];
+          const int key = key0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
+          ldmatrix_x4_trans(b, v_tile + swizzled_chunk(key, 2 * np + (lane >> 4)) * 16);
+          mma<Elem>(o[2 * np], a, b[0], b[1]);
+          mma<Elem>(o[2 * np + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is free: the epilogue reuses it
+
+  // ---- Epilogue: each warp's (max, sum, unnormalised O) to shared memory ----
+  static_assert(Traits::kWarps * 16 * (Traits::kPartialStride + 2) * 4 <=
+                Traits::kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0));
+  float* part_o = reinterpret_cast<float*>(stages);
+  float* part_max = part_o + Traits::kWarps * 16 * Traits::kPartialStride;
+  float* part_sum = part_max + Traits::kWarps * 16;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float sum = row_sum[half];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const int r = lane / 4 + 8 * half;
+    float* dst = part_o + (warp * 16 + r) * Traits::kPartialStride;
+#pragma unroll
+    for (int nt = 0; nt < 16; ++nt) {
+      *reinterpret_cast<float2*>(dst + nt * 8 + 2 * (lane % 4)) =
+          make_float2(o[nt][2 * half], o[nt][2 * half + 1]);
+    }
+    if (lane % 4 == 0) {
+      part_max[warp * 16 + r] = row_max[half];
+      part_sum[warp * 16 + r] = sum;
+    }
+  }
+  __syncthreads();
+
+  // ---- Merge the key parts of each (row, head) and store 32 values per thread and step ----
+  constexpr float kLn2 = 0.6931471805599453f;
+  for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
+    const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
+    float m = -INFINITY;
+    for (int w = 0; w < Traits::kKeySplit; ++w) {
+      m = fmaxf(m, part_max[(row * Traits::kKeySplit + w) * 16 + head]);
+    }
+    float v[32] = {};
+    float l = 0.0f;
+    for (int w = 0; w < Traits::kKeySplit; ++w) {
+      const int slot = (row * Traits::kKeySplit + w) * 16 + head;
+      const float wmax = part_max[slot];
+      if (wmax == -INFINITY) continue;
+      const float scale = fast_exp2(wmax - m);
+      l += scale * part_sum[slot];
+      const float* src = part_o + slot * Traits::kPartialStride + grp * 32;
+      for (int j = 0; j < 8; ++j) {
+        const int q4 = (j + threadIdx.x) & 7;  // rotated: spreads the threads over the banks
+        const float4 x = reinterpret_cast<const float4*>(src)[q4];
+        v[4 * q4] += scale * x.x;
+        v[4 * q4 + 1] += scale * x.y;
+        v[4 * q4 + 2] += scale * x.z;
+        v[4 * q4 + 3] += scale * x.w;
+      }
+    }
+    float lse = -INFINITY;
+    if (l > 0.0f) {
+      const float inv = p.v_scale / l;
+      for (float& x : v) x *= inv;
+      lse = (m + __log2f(l)) * kLn2;
+    } else {
+      for (float& x : v) x = 0.0f;  // no key: exact zeros, -inf log-sum-exp
+    }
+    const std::int64_t t = tile.row + row;
+    const int hq = kv_head * p.group + head;
+    if (p.splits == 1) {
+      store_group(p.store, t, hq, grp, v, lse);
+    } else {
+      const std::int64_t vec = (std::int64_t{split} * p.num_rows + t) * p.num_q_heads + hq;
+      auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + grp * 32);
+      for (int j = 0; j < 8; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+      if (grp == 0) p.partial_lse[vec] = lse;
+    }
+  }
+}
+
+// Host launcher of one traits' attention_kernel for the cache format and MMA type.
+template <class Traits>
+void launch_attention(const AttentionParams& p, DType cache, DType q, dim3 grid,
+                      cudaStream_t stream) {
+  auto run = [&]<KvFormat kFormat, class Elem, class QElem>() {
+    constexpr int smem = attention_smem_bytes<Traits, kFormat>();
+    auto kernel = attention_kernel<Traits, kFormat, Elem, QElem>;
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
+    FLASHMSA_CHECK_LAUNCH();
+  };
+  // 16-bit caches compute in their own type (q converted); 8- and 4-bit ones in q's type.
+  auto by_q = [&]<KvFormat kFormat>() {
+    if (q == DType::kFp16) {
+      run.template operator()<kFormat, __half, __half>();
+    } else {
+      run.template operator()<kFormat, __nv_bfloat16, __nv_bfloat16>();
+    }
+  };
+  switch (cache) {
+    case DType::kBf16:
+      if (q == DType::kFp16) {
+        run.template operator()<KvFormat::kNative16, __nv_bfloat16, __half>();
+      } else {
+        run.template operator()<KvFormat::kNative16, __nv_bfloat16, __nv_bfloat16>();
+      }
+      break;
+    case DType::kFp16:
+      if (q == DType::kFp16) {
+        run.template operator()<KvFormat::kNative16, __half, __half>();
+      } else {
+        run.template operator()<KvFormat::kNative16, __half, __nv_bfloat16>();
+      }
+      break;
+    case DType::kFp8E4m3: by_q.template operator()<KvFormat::kE4m3>(); break;
+    case DType::kFp8E5m2: by_q.template operator()<KvFormat::kE5m2>(); break;
+    case DType::kNvfp4: by_q.template operator()<KvFormat::kNvfp4>(); break;
+    default:
+      throw Error(ErrorKind::kUnsupported,
+                  detail::concat("the CUDA attention has no kernel for a cache of ",
+                                 to_string(cache)));
+  }
+}
+
+}  // namespace flashmsa::cuda

@@ -1,0 +1,331 @@
+#include "tests/cpp/attention_checks.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "flashmsa/formats.hpp"
+
+namespace flashmsa::test {
+namespace {
+
+constexpr std::int64_t kCanaryBytes = 256;  // poisoned bytes before and after every output
+constexpr std::uint8_t kPoison = 0xA7;
+
+// A poisoned host buffer with canaries; `data()` is the output proper.
+struct Guarded {
+  std::vector<std::uint8_t> bytes;
+  std::int64_t size;
+  explicit Guarded(std::int64_t n, std::uint8_t fill = kPoison)
+      : bytes(static_cast<std::size_t>(n + 2 * kCanaryBytes), kPoison), size(n) {
+    std::fill_n(bytes.begin() + kCanaryBytes, n, fill);
+  }
+  std::uint8_t* data() { return bytes.data() + kCanaryBytes; }
+  std::pair<void*, std::int64_t> span() { return {bytes.data(), std::int64_t(bytes.size())}; }
+  std::vector<std::uint8_t> checked_contents(const char* what) const {
+    for (std::int64_t i = 0; i < kCanaryBytes; ++i) {
+      EXPECT_EQ(bytes[i], kPoison) << what << ": canary before the output changed at " << i;
+      EXPECT_EQ(bytes[kCanaryBytes + size + i], kPoison)
+          << what << ": canary after the output changed at " << i;
+    }
+    return {bytes.begin() + kCanaryBytes, bytes.begin() + kCanaryBytes + size};
+  }
+};
+
+struct AttnRun {
+  std::vector<std::uint8_t> out;  // raw bytes of the [T, Hq, D] output
+  std::vector<float> lse;
+  DType dtype;
+  float value(std::int64_t i) const {
+    switch (dtype) {
+      case DType::kBf16:
+        return fmt::bf16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
+      case DType::kFp16:
+        return fmt::fp16_to_float(reinterpret_cast<const std::uint16_t*>(out.data())[i]);
+      default: return reinterpret_cast<const float*>(out.data())[i];
+    }
+  }
+};
+
+enum class Kind { kSparse, kDense };
+
+AttentionCall base_call(const Scenario& s, Kind kind) {
+  AttentionCall call;
+  call.op = kind == Kind::kDense            ? AttentionCall::Op::kDense
+            : s.decode_query_len            ? AttentionCall::Op::kDecode
+                                            : AttentionCall::Op::kPrefill;
+  call.config = s.config;
+  call.q = s.q_view();
+  call.kv = s.cm->kv_cache();
+  call.prefill = s.prefill_batch();
+  if (s.decode_query_len) call.decode = s.decode_batch();
+  return call;
+}
+
+AttnRun run_attention(const Scenario& s, Kind kind, const std::vector<std::int32_t>* topk,
+                      std::int64_t topk_width, DType out_dtype, const AttentionRunner& runner,
+                      const OpOptions& options = {}) {
+  const auto h = s.config.resolve_heads();
+  const std::int64_t T = s.num_rows, hq = h.num_attention_heads, d = s.config.head_dim;
+  Guarded out(T * hq * d * (dtype_bits(out_dtype) / 8), 0xFF);
+  Guarded lse(T * hq * 4);
+  AttentionCall call = base_call(s, kind);
+  call.out.out = TensorView::contiguous(out.data(), out_dtype, {T, hq, d});
+  call.out.lse = TensorView::contiguous(lse.data(), DType::kFp32, {T, hq});
+  call.guarded = {out.span(), lse.span()};
+  call.options = options;
+  if (topk) {
+    call.topk = TensorView::contiguous(const_cast<std::int32_t*>(topk->data()), DType::kInt32,
+                                       {h.num_key_value_heads, T, topk_width});
+  }
+  runner(call);
+  AttnRun run;
+  run.dtype = out_dtype;
+  run.out = out.checked_contents("out");
+  const auto lse_bytes = lse.checked_contents("lse");
+  run.lse.resize(static_cast<std::size_t>(T * hq));
+  std::memcpy(run.lse.data(), lse_bytes.data(), lse_bytes.size());
+  return run;
+}
+
+// The blocks (kv head, row) attends to under `topk` (or all visible ones for dense).
+std::vector<std::int32_t> blocks_of(const Scenario& s, const std::vector<std::int32_t>* topk,
+                                    std::int64_t width, std::int64_t h, std::int64_t t) {
+  if (!topk) {
+    std::vector<std::int32_t> all;
+    const std::int64_t nvb = ref::visible_blocks(s.rows.position[t], s.config.sparse_block_size);
+    for (std::int64_t b = 0; b < nvb; ++b) all.push_back(static_cast<std::int32_t>(b));
+    return all;
+  }
+  const std::int32_t* p = topk->data() + (h * s.num_rows + t) * width;
+  return {p, p + width};
+}
+
+// Rounds like storing to `dtype` would.
+double round_to(DType dtype, double x) {
+  switch (dtype) {
+    case DType::kBf16: return fmt::bf16_to_float(fmt::float_to_bf16(static_cast<float>(x)));
+    case DType::kFp16: return fmt::fp16_to_float(fmt::float_to_fp16(static_cast<float>(x)));
+    default: return static_cast<float>(x);
+  }
+}
+
+// The FlashAttention-rule comparison of a run with the oracle, every element.
+void check_against_oracle(const Scenario& s, const AttnRun& run,
+                          const std::vector<std::int32_t>* topk, std::int64_t width,
+                          DType probabilities) {
+  const auto h = s.config.resolve_heads();
+  const std::int64_t hq = h.num_attention_heads, d = s.config.head_dim;
+  const std::int64_t group = hq / h.num_key_value_heads;
+  double err = 0, honest = 0, lse_err = 0, lse_honest = 0;
+  std::int64_t empty_rows = 0;
+  for (std::int64_t t = 0; t < s.num_rows; ++t) {
+    for (std::int64_t head = 0; head < hq; ++head) {
+      const auto blocks = blocks_of(s, topk, width, head / group, t);
+      const ref::AttentionRow want =
+          ref::attention(s.config, s.q_row(t, head), head / group, s.rows.position[t],
+                         s.rows.request[t], blocks, s.cm->kv_cache(), s.table(), probabilities);
+      const float got_lse = run.lse[t * hq + head];
+      if (std::isinf(want.lse)) {  // empty: exact zeros and -inf
+        ++empty_rows;
+        ASSERT_EQ(got_lse, -std::numeric_limits<float>::infinity()) << "row " << t;
+        for (std::int64_t e = 0; e < d; ++e) {
+          const float v = run.value((t * hq + head) * d + e);
+          ASSERT_TRUE(v == 0.0f && !std::signbit(v)) << "row " << t << " not zero: " << v;
+        }
+        continue;
+      }
+      for (std::int64_t e = 0; e < d; ++e) {
+        const double w = want.out[e];
+        const double got = run.value((t * hq + head) * d + e);
+        ASSERT_TRUE(std::isfinite(got)) << "row " << t << " head " << head;
+        err = std::max(err, std::fabs(got - w));
+        honest = std::max(honest, std::fabs(round_to(run.dtype, w) - w));
+        honest = std::max(honest, std::fabs(want.honest[e] - w));
+      }
+      lse_err = std::max(lse_err, std::fabs(got_lse - want.lse));
+      lse_honest = std::max(lse_honest, std::fabs(static_cast<float>(want.lse) - want.lse));
+    }
+  }
+  // fp32 outputs: rounding alone understates an honest fp32 computation, whose error is that of
+  // its accumulated sums; 64 ulps at magnitude 1 (outputs here are averages of N(0,1) values)
+  // bound it.
+  if (run.dtype == DType::kFp32) honest = std::max(honest, 64 * std::ldexp(1.0, -24));
+  EXPECT_LE(err, 2 * honest + 1e-6) << "output error vs fp64 (honest " << honest << ")";
+  // An honest fp32 log-sum-exp errs by its final rounding plus the fp32 sum of exponentials
+  // (a few ulps); 8 ulps of |lse| <= 16 (these tests' range) bound the latter.
+  EXPECT_LE(lse_err, 2 * std::max(lse_honest, 8 * std::ldexp(1.0, -24) * 16) + 1e-6)
+      << "log-sum-exp error vs fp64";
+  ::testing::Test::RecordProperty("empty_rows", static_cast<int>(empty_rows));
+}
+
+const std::vector<RequestShape> kGrid{{0, 1},    {0, 127},  {0, 129}, {100, 157},
+                                      {1900, 3}, {2040, 9}, {4000, 5}};
+
+}  // namespace
+
+std::vector<std::int32_t> indexer_topk(const Scenario& s) {
+  const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
+  const std::int64_t k = s.config.sparse_topk_blocks;
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(hkv * s.num_rows * k));
+  IndexOutputs out{TensorView::contiguous(topk.data(), DType::kInt32, {hkv, s.num_rows, k})};
+  if (s.decode_query_len) {
+    index_decode(s.config, s.index_q_view(), s.cm->index_cache(), s.decode_batch(), out);
+  } else {
+    index_prefill(s.config, s.index_q_view(), s.cm->index_cache(), s.prefill_batch(), out);
+  }
+  return topk;
+}
+
+void check_attention_output(const Scenario& s, const std::vector<std::int32_t>& topk,
+                            std::int64_t width, DType out_dtype,
+                            const std::vector<std::uint8_t>& out, const std::vector<float>& lse,
+                            DType probabilities) {
+  AttnRun run{out, lse, out_dtype};
+  check_against_oracle(s, run, &topk, width, probabilities);
+}
+
+void run_attention_call(const AttentionCall& c) {
+  switch (c.op) {
+    case AttentionCall::Op::kPrefill:
+      sparse_attention_prefill(c.config, c.q, c.kv, c.prefill, c.topk, c.out, c.options);
+      break;
+    case AttentionCall::Op::kDecode:
+      sparse_attention_decode(c.config, c.q, c.kv, c.decode, c.topk, c.out, c.options);
+      break;
+    case AttentionCall::Op::kDense:
+      dense_attention(c.config, c.q, c.kv, c.prefill, c.out, c.options);
+      break;
+  }
+}
+
+std::vector<AttnCase> attention_cases() {
+  return {
+      {"bf16_packed_bf16", DType::kBf16, KvLayout::kPacked, DType::kBf16},
+      {"bf16_token_major_fp32", DType::kBf16, KvLayout::kTokenMajor, DType::kFp32},
+      {"fp16_separate_fp16", DType::kFp16, KvLayout::kSeparate, DType::kFp16},
+      {"e4m3_stacked_bf16", DType::kFp8E4m3, KvLayout::kStacked, DType::kBf16},
+      {"e5m2_packed_bf16", DType::kFp8E5m2, KvLayout::kPacked, DType::kBf16},
+      {"nvfp4_packed_bf16", DType::kNvfp4, KvLayout::kPacked, DType::kBf16},
+      {"nvfp4_separate_fp32", DType::kNvfp4, KvLayout::kSeparate, DType::kFp32},
+  };
+}
+
+void check_sparse_prefill(const AttnCase& ac, const AttentionBackend& b, Config base) {
+  Config c = base;
+  c.kv_cache_dtype = ac.kv_dtype;
+  const Scenario s = make_prefill(c, kGrid, 61, ac.layout);
+  const auto topk = indexer_topk(s);
+  const AttnRun run = run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
+  check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
+}
+
+void check_sparse_decode(const AttnCase& ac, const AttentionBackend& b, std::vector<int> dqls,
+                         Config base) {
+  Config c = base;
+  c.kv_cache_dtype = ac.kv_dtype;
+  for (int q : dqls) {
+    SCOPED_TRACE(::testing::Message() << "decode_query_len " << q);
+    const Scenario s = make_decode(c, {2049, 0, 1, 300, 17 * 128 + 5}, q, 70 + q, ac.layout);
+    const auto topk = indexer_topk(s);
+    const AttnRun run =
+        run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
+    check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
+  }
+}
+
+void check_adversarial_topk(const AttentionBackend& b) {
+  const Config c;
+  Scenario s = make_prefill(c, {{1000, 6}, {0, 3}}, 5);
+  // A block-table entry pointing outside the cache: that block must be skipped, not read.
+  s.block_table[3] = 1 << 30;
+  const std::int64_t width = 7, hkv = 4;
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(hkv * s.num_rows * width));
+  std::mt19937 rng(3);
+  for (auto& id : topk) id = static_cast<std::int32_t>(rng() % 14) - 3;  // -3 .. 10
+  for (std::int64_t h = 0; h < hkv; ++h) {
+    std::int32_t* row = topk.data() + (h * s.num_rows + 2) * width;  // row 2: duplicates
+    std::fill(row, row + width, 5);
+    row = topk.data() + (h * s.num_rows + 4) * width;  // row 4: nothing valid
+    std::fill(row, row + width, -1);
+    row[0] = 9999;
+    row[1] = std::numeric_limits<std::int32_t>::min();
+  }
+  const auto cache_bytes = [&] {
+    const auto& kv = s.cm->kv_cache();
+    const auto* p = static_cast<const std::uint8_t*>(kv.k.data);
+    return std::vector<std::uint8_t>(
+        p, p + KvCacheView::buffer_bytes(KvLayout::kPacked, kv.dtype, kv.shape));
+  };
+  const auto before = cache_bytes();
+  const auto topk_before = topk;
+  const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, DType::kBf16, b.run);
+  check_against_oracle(s, run, &topk, width, b.probabilities);
+  EXPECT_EQ(cache_bytes(), before) << "attention wrote into the cache";
+  EXPECT_EQ(topk, topk_before) << "attention wrote into the top-k lists";
+  // Row 4 had no valid id: zeros and -inf.
+  EXPECT_EQ(run.lse[4 * 64], -std::numeric_limits<float>::infinity());
+}
+
+void check_full_coverage_equals_dense(const AttentionBackend& b) {
+  Config c;
+  c.sparse_topk_blocks = 40;
+  const Scenario s = make_prefill(c, {{0, 200}, {4000, 7}, {300, 2}, {1100, 30}}, 8);
+  const auto topk = indexer_topk(s);
+  const AttnRun sparse = run_attention(s, Kind::kSparse, &topk, 40, DType::kBf16, b.run);
+  const AttnRun dense = run_attention(s, Kind::kDense, nullptr, 0, DType::kBf16, b.run);
+  EXPECT_EQ(sparse.out, dense.out);
+  EXPECT_EQ(sparse.lse, dense.lse);
+  check_against_oracle(s, dense, nullptr, 0, b.probabilities);
+}
+
+void check_deterministic(const AttentionBackend& b) {
+  const Config c;
+  const Scenario s = make_prefill(c, {{2000, 70}, {0, 50}}, 12);
+  const auto topk = indexer_topk(s);
+  const AttnRun x = run_attention(s, Kind::kSparse, &topk, 16, DType::kBf16, b.run);
+  const AttnRun y = run_attention(s, Kind::kSparse, &topk, 16, DType::kBf16, b.run);
+  EXPECT_EQ(x.out, y.out);
+  EXPECT_EQ(x.lse, y.lse);
+}
+
+void check_mxfp8_decode(const AttentionBackend& b) {
+  const Config c;
+  for (int dql : {1, 2}) {
+    SCOPED_TRACE(::testing::Message() << "decode_query_len " << dql);
+    const Scenario s = make_decode(c, {3000, 0, 129, 1000}, dql, 4);
+    const auto topk = indexer_topk(s);
+    const AttnRun bf16 = run_attention(s, Kind::kSparse, &topk, 16, DType::kBf16, b.run);
+    const std::int64_t T = s.num_rows, cols = 64 * 128, scale_cols = cols / 32;
+    for (auto rule : {fmt::Mxfp8ScaleRule::kRceil, fmt::Mxfp8ScaleRule::kFloor}) {
+      for (auto layout : {fmt::ScaleLayout::kRowMajor, fmt::ScaleLayout::kSwizzled128x4}) {
+        const std::int64_t scale_bytes = fmt::mxfp8_scale_buffer_size(T, scale_cols, layout);
+        Guarded codes(T * cols, 0xAA), scales(scale_bytes, 0xAA);
+        AttentionCall call = base_call(s, Kind::kSparse);
+        call.topk = TensorView::contiguous(const_cast<std::int32_t*>(topk.data()), DType::kInt32,
+                                           {4, T, 16});
+        call.out.out = TensorView::contiguous(codes.data(), DType::kFp8E4m3, {T, cols});
+        call.out.mxfp8_scales =
+            layout == fmt::ScaleLayout::kRowMajor
+                ? TensorView::contiguous(scales.data(), DType::kUint8, {T, scale_cols})
+                : TensorView::contiguous(scales.data(), DType::kUint8, {scale_bytes});
+        call.out.mxfp8_scale_layout = layout;
+        call.out.mxfp8_scale_rule = rule;
+        call.guarded = {codes.span(), scales.span()};
+        b.run(call);
+        std::vector<std::uint8_t> want_codes(static_cast<std::size_t>(T * cols));
+        std::vector<std::uint8_t> want_scales(static_cast<std::size_t>(scale_bytes), 0xAA);
+        fmt::mxfp8_quantize_rows(reinterpret_cast<const std::uint16_t*>(bf16.out.data()), T, cols,
+                                 cols, want_codes.data(), want_scales.data(), layout, rule);
+        EXPECT_EQ(codes.checked_contents("codes"), want_codes);
+        EXPECT_EQ(scales.checked_contents("scales"), want_scales);
+      }
+    }
+  }
+}
+
+}  // namespace flashmsa::test

@@ -1,0 +1,209 @@
+// The CUDA sparse and dense attention under the CPU tests' own checks (attention_checks.hpp):
+// the same scenarios, the fp64 oracle with the tensor-core rule for probabilities (P meets V in
+// the MMA type, bf16 or fp16), canaries around every output, the caches and top-k lists never
+// written. Plus what only the GPU has: decode splits, CUDA-graph replay after the batch changes
+// in place, workspace errors.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "flashmsa/error.hpp"
+#include "flashmsa/ops.hpp"
+#include "tests/cpp/attention_checks.hpp"
+#include "tests/cpp/error_message.hpp"
+#include "tests/cpp/gpu/device_scenario.hpp"
+
+namespace flashmsa {
+namespace {
+
+using test::AttentionCall;
+using test::Scenario;
+
+// Mirrors every view of the call to the device (with a poisoned workspace), runs it there and
+// copies everything back.
+void run_on_gpu(const AttentionCall& call) {
+  test::DeviceMirror m;
+  for (const TensorView* t : {&call.q, &call.prefill.cu_seqlens_q, &call.prefill.seq_lens,
+                              &call.prefill.block_table, &call.decode.seq_lens,
+                              &call.decode.block_table, &call.topk}) {
+    m.add(*t);
+  }
+  m.add(call.kv);
+  for (const auto& [p, n] : call.guarded) m.add(p, n);
+  m.add(call.out.out);
+  m.add(call.out.lse);
+  m.add(call.out.mxfp8_scales);
+  m.upload();
+  AttentionCall d = call;
+  auto on_device = [&](TensorView& t) {
+    if (t.data) t = m.device(t);
+  };
+  for (TensorView* t : {&d.q, &d.prefill.cu_seqlens_q, &d.prefill.seq_lens, &d.prefill.block_table,
+                        &d.decode.seq_lens, &d.decode.block_table, &d.topk, &d.out.out, &d.out.lse,
+                        &d.out.mxfp8_scales}) {
+    on_device(*t);
+  }
+  d.kv = m.device(call.kv);
+  const std::int64_t requests = call.prefill.seq_lens.shape[0];
+  test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
+      std::max<std::int64_t>(1, attention_workspace_bytes(call.config, call.q.shape[0], requests))));
+  d.out.workspace = TensorView::contiguous(workspace.get(), DType::kUint8,
+                                           {static_cast<std::int64_t>(workspace.size())},
+                                           Device::kCuda);
+  test::run_attention_call(d);
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+  m.download();
+}
+
+const test::AttentionBackend kGpuBf16P{run_on_gpu, DType::kBf16};
+const test::AttentionBackend kGpuFp16P{run_on_gpu, DType::kFp16};
+
+// The MMA type: fp16 for fp16 caches (bf16 q converted), else bf16 (the tests' q is bf16).
+const test::AttentionBackend& gpu_for(const test::AttnCase& c) {
+  return c.kv_dtype == DType::kFp16 ? kGpuFp16P : kGpuBf16P;
+}
+
+class AttentionGpu : public ::testing::TestWithParam<test::AttnCase> {};
+
+TEST_P(AttentionGpu, SparsePrefillMatchesOracle) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_sparse_prefill(GetParam(), gpu_for(GetParam()));
+}
+
+TEST_P(AttentionGpu, SparseDecodeWithPaddingMatchesOracle) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_sparse_decode(GetParam(), gpu_for(GetParam()), {1, 2, 3, 4, 16});
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    CacheDtypesAndLayouts, AttentionGpu, ::testing::ValuesIn(test::attention_cases()),
+    [](const ::testing::TestParamInfo<test::AttnCase>& p) { return p.param.name; });
+
+// Tensor parallelism shapes: 8 q heads per kv head (M3 at TP 8 has Hq 8, Hkv 1), and 2.
+TEST(AttentionGpuGroups, SmallerGqaGroups) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const test::AttnCase bf16{"bf16", DType::kBf16, KvLayout::kPacked, DType::kBf16};
+  for (int kv_heads : {1, 4}) {
+    Config c;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = kv_heads;
+    c.sparse_num_index_heads = kv_heads;
+    SCOPED_TRACE(::testing::Message() << "Hq 8, Hkv " << kv_heads);
+    test::check_sparse_prefill(bf16, kGpuBf16P, c);
+    test::check_sparse_decode(bf16, kGpuBf16P, {1, 3}, c);
+  }
+}
+
+TEST(AttentionGpu, AdversarialTopkListsAreIgnoredNotRead) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_adversarial_topk(kGpuBf16P);
+}
+
+TEST(AttentionGpu, FullCoverageEqualsDense) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_full_coverage_equals_dense(kGpuBf16P);
+}
+
+TEST(AttentionGpu, Deterministic) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_deterministic(kGpuBf16P);
+}
+
+TEST(AttentionGpu, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_mxfp8_decode(kGpuBf16P);
+}
+
+// Decode attention captured once in a CUDA graph, replayed after lengths, block table and top-k
+// lists change in place: each replay equals the oracle for the current values.
+TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Scenario s = test::make_decode(Config{}, {3000, 2000, 700, 0}, 2, 21);
+  std::vector<std::int32_t> topk = test::indexer_topk(s);
+  const std::int64_t T = s.num_rows, k = s.config.sparse_topk_blocks;
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(T * 64 * 128 * 2));
+  std::vector<float> lse(static_cast<std::size_t>(T * 64));
+  const TensorView q = s.q_view();
+  const DecodeBatch batch = s.decode_batch();
+  const TensorView topk_view = TensorView::contiguous(topk.data(), DType::kInt32, {4, T, k});
+  const TensorView out_view = TensorView::contiguous(out.data(), DType::kBf16, {T, 64, 128});
+  const TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFp32, {T, 64});
+  test::DeviceMirror m;
+  for (const TensorView* t : {&q, &batch.seq_lens, &batch.block_table, &topk_view, &out_view,
+                              &lse_view}) {
+    m.add(*t);
+  }
+  m.add(s.cm->kv_cache());
+  auto poison = [&] {
+    std::fill(out.begin(), out.end(), 0xFF);
+    std::fill(lse.begin(), lse.end(), 777.0f);
+    m.refresh();
+  };
+  m.upload();
+  test::DeviceBuffer<std::uint8_t> workspace(
+      static_cast<std::size_t>(attention_workspace_bytes(s.config, 64, 32)));  // capacity
+  AttentionOutputs dev_out{m.device(out_view), m.device(lse_view)};
+  dev_out.workspace = TensorView::contiguous(workspace.get(), DType::kUint8,
+                                             {static_cast<std::int64_t>(workspace.size())},
+                                             Device::kCuda);
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()),
+                          {m.device(batch.seq_lens), m.device(batch.block_table), 2},
+                          m.device(topk_view), dev_out, {.stream = stream});
+  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+
+  auto replay_and_check = [&](const char* what) {
+    SCOPED_TRACE(what);
+    poison();
+    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    m.download();
+    test::check_attention_output(s, topk, k, DType::kBf16, out, lse, DType::kBf16);
+  };
+  replay_and_check("as captured");
+
+  // Shorter requests, a padding row turned live on request 1's pages, request 1 turned
+  // padding, two pages of request 0 swapped; new top-k lists for the new lengths.
+  s.seq_lens = {2500, 0, 650, 1500};
+  std::swap(s.block_table[0], s.block_table[1]);
+  const std::int64_t w = s.max_blocks;
+  for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
+  s.rows = ref::decode_rows(s.seq_lens, 2);
+  const auto new_topk = test::indexer_topk(s);
+  std::copy(new_topk.begin(), new_topk.end(), topk.begin());
+  replay_and_check("after the batch changed");
+
+  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
+  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
+TEST(AttentionGpuErrors, WorkspaceAndWidth) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const Config c;
+  const Scenario s = test::make_prefill(c, {{0, 3}}, 1);
+  test::DeviceScenario d(s);
+  std::vector<std::int32_t> topk(4 * 3 * 65, -1);
+  const TensorView tk = d.on_device(TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 65}));
+  const TensorView tk16 = d.on_device(TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 16}));
+  test::DeviceMirror m;
+  m.add(s.cm->kv_cache());
+  m.upload();
+  const KvCacheView kv = m.device(s.cm->kv_cache());
+  AttentionOutputs o{d.output(DType::kBf16, {3, 64, 128})};
+  EXPECT_EQ(test::error_message([&] { sparse_attention_prefill(c, d.q, kv, d.prefill, tk16, o); }),
+            "workspace must be a 256-byte aligned device buffer of at least 768 bytes "
+            "(attention_workspace_bytes) on the CUDA backend, got 0 bytes");
+  o.workspace = d.output(DType::kUint8, {attention_workspace_bytes(c, 3, 1)});
+  EXPECT_EQ(test::error_message([&] { sparse_attention_prefill(c, d.q, kv, d.prefill, tk, o); }),
+            "the CUDA attention takes top-k lists of at most 64 blocks, got 65");
+}
+
+}  // namespace
+}  // namespace flashmsa
