@@ -14,6 +14,7 @@
 #include <cstring>
 #include <functional>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -263,6 +264,209 @@ void decode_indexer(std::int64_t requests, std::int64_t len) {
   cudaStreamDestroy(stream);
 }
 
+
+// ---- Attention ---------------------------------------------------------------------------
+
+TensorView device_view(const void* p, DType dtype, std::initializer_list<std::int64_t> shape) {
+  return TensorView::contiguous(const_cast<void*>(p), dtype, shape, flashmsa::Device::kCuda);
+}
+
+// Top-k lists [4, len, 16] of a single prefill request: each row's own block plus 15 earlier
+// ones. i.i.d. random: every row draws its own; coherent: the 64 rows of an aligned tile share
+// one draw, each entry replaced by a fresh random block with probability 1/8 (real models'
+// neighbouring queries mostly agree).
+std::vector<std::int32_t> prefill_selection(std::int64_t len, bool coherent, double* flops,
+                                            double* pages_per_tile) {
+  std::mt19937 rng(7);
+  std::vector<std::int32_t> topk(std::size_t(4 * len * 16), -1);
+  double keys = 0, distinct = 0;
+  std::int64_t tiles = 0;
+  for (int h = 0; h < 4; ++h) {
+    std::vector<std::int32_t> base;
+    for (std::int64_t t = 0; t < len; ++t) {
+      const std::int64_t nvb = t / 128 + 1;
+      std::int32_t* row = topk.data() + (h * len + t) * 16;
+      std::vector<std::int32_t> chosen{static_cast<std::int32_t>(nvb - 1)};
+      if (nvb <= 16) {
+        chosen.clear();
+        for (std::int64_t b = 0; b < nvb; ++b) chosen.push_back(static_cast<std::int32_t>(b));
+      } else {
+        if (t % 64 == 0 || !coherent) {
+          base.clear();
+          std::vector<std::int32_t> all(std::size_t(nvb - 1));
+          std::iota(all.begin(), all.end(), 0);
+          std::shuffle(all.begin(), all.end(), rng);
+          base.assign(all.begin(), all.begin() + 15);
+        }
+        for (std::int32_t b : base) {
+          std::int32_t pick = b;
+          if (coherent && rng() % 8 == 0) pick = static_cast<std::int32_t>(rng() % (nvb - 1));
+          if (std::find(chosen.begin(), chosen.end(), pick) == chosen.end()) chosen.push_back(pick);
+        }
+      }
+      std::sort(chosen.begin(), chosen.end());
+      std::copy(chosen.begin(), chosen.end(), row);
+      for (std::int32_t b : chosen) keys += std::min<std::int64_t>(128, t - b * 128 + 1);
+    }
+    for (std::int64_t t0 = 0; t0 < len; t0 += 64, ++tiles) {
+      std::vector<std::int32_t> u;
+      for (std::int64_t t = t0; t < std::min(len, t0 + 64); ++t) {
+        for (int i = 0; i < 16; ++i) {
+          const std::int32_t b = topk[(h * len + t) * 16 + i];
+          if (b >= 0) u.push_back(b);
+        }
+      }
+      std::sort(u.begin(), u.end());
+      distinct += static_cast<double>(std::unique(u.begin(), u.end()) - u.begin());
+    }
+  }
+  *flops = 4.0 * 128 * 16 * keys;  // 16 q heads per kv head, 4 * D FLOPs per (head, key)
+  *pages_per_tile = distinct / tiles;
+  return topk;
+}
+
+// One prefill request of `len` tokens: its cache, queries, outputs and workspace.
+struct PrefillAttention {
+  std::int64_t len, pages;
+  DeviceArray<std::uint16_t> kv, q, out;
+  DeviceArray<std::int32_t> table, seq_lens, cu;
+  DeviceArray<std::uint8_t> workspace;
+  explicit PrefillAttention(std::int64_t l)
+      : len(l),
+        pages((l + 127) / 128),
+        kv(std::size_t(pages) * 4 * 128 * 256),
+        q(std::size_t(l) * 64 * 128),
+        out(std::size_t(l) * 64 * 128),
+        table(IndexBatch::table(1, pages, 1)),
+        seq_lens(std::vector<std::int32_t>{static_cast<std::int32_t>(l)}),
+        cu(std::vector<std::int32_t>{0, static_cast<std::int32_t>(l)}),
+        workspace(std::size_t(attention_workspace_bytes(m3(), l, 1))) {
+    fill(kv.ptr, kv.n, 21);
+    fill(q.ptr, q.n, 22);
+  }
+  KvCacheView cache() const {
+    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.ptr,
+                             nullptr, flashmsa::Device::kCuda);
+  }
+  PrefillBatch batch() const {
+    return {device_view(cu.ptr, DType::kInt32, {2}), device_view(seq_lens.ptr, DType::kInt32, {1}),
+            device_view(table.ptr, DType::kInt32, {1, pages})};
+  }
+  AttentionOutputs outputs() const {
+    AttentionOutputs o{device_view(out.ptr, DType::kBf16, {len, 64, 128})};
+    o.workspace = device_view(workspace.ptr, DType::kUint8, {std::int64_t(workspace.n)});
+    return o;
+  }
+  TensorView query() const { return device_view(q.ptr, DType::kBf16, {len, 64, 128}); }
+};
+
+void prefill_attention(std::int64_t len, bool coherent) {
+  PrefillAttention a(len);
+  double flops = 0, pages_per_tile = 0;
+  const DeviceArray<std::int32_t> topk(prefill_selection(len, coherent, &flops, &pages_per_tile));
+  const TensorView tk = device_view(topk.ptr, DType::kInt32, {4, len, 16});
+  const Stat s = time_it(
+      [&](int) {
+        sparse_attention_prefill(m3(), a.query(), a.cache(), a.batch(), tk, a.outputs());
+      },
+      5);
+  const double tflops = flops / s.median_s / 1e12;
+  char name[160];
+  std::snprintf(name, sizeof name, "sparse attention prefill, 1 x %lldK, %s (%.1f pages/64 rows)",
+                static_cast<long long>(len / 1024), coherent ? "coherent" : "random",
+                pages_per_tile);
+  report(name, tflops, "TFLOP/s", tflops / g_gemm_tflops, s);
+}
+
+void dense_prefill_attention(std::int64_t len) {
+  PrefillAttention a(len);
+  const Stat s =
+      time_it([&](int) { dense_attention(m3(), a.query(), a.cache(), a.batch(), a.outputs()); }, 3);
+  const double flops = 4.0 * 128 * 64 * (double(len) * (len + 1) / 2);
+  const double tflops = flops / s.median_s / 1e12;
+  report("dense causal attention (ours), 1 x " + std::to_string(len / 1024) + "K", tflops,
+         "TFLOP/s", tflops / g_gemm_tflops, s);
+}
+
+// Per-step time of `graphs` replayed round-robin (page sets rotated beyond the L2).
+Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream) {
+  const int steps = static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
+  cudaEvent_t a, z;
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
+  std::vector<double> t;
+  for (int rep = 0; rep < 13; ++rep) {
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
+    for (int i = 0; i < steps; ++i) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % graphs.size()], stream));
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
+    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
+    float ms;
+    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
+    if (rep >= 3) t.push_back(ms * 1e-3 / steps);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(z);
+  std::sort(t.begin(), t.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  return {t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+}
+
+// The decode step (indexer + top-k + attention) of `requests` x `len`, and its attention alone.
+void decode_step(std::int64_t requests, std::int64_t len, int dql) {
+  const std::int64_t kv_bytes_per_step = requests * 4 * 16 * 128 * 512;
+  const std::int64_t index_bytes_per_step = requests * len * 256;
+  const std::int64_t q_bytes = requests * dql * (64 + 4) * 128 * 2;
+  const std::int64_t step_bytes = index_bytes_per_step + kv_bytes_per_step + q_bytes;
+  const std::int64_t rotations = std::max<std::int64_t>(1, (150 << 20) / step_bytes + 1);
+  IndexBatch ix(requests, len, dql, rotations);  // index cache, index queries, tables, top-k
+  const std::int64_t pages = ix.pages, rows = requests * dql;
+  DeviceArray<std::uint16_t> kv(std::size_t(pages) * 4 * 128 * 256), q(std::size_t(rows) * 64 * 128),
+      out(std::size_t(rows) * 64 * 128);
+  fill(kv.ptr, kv.n, 31);
+  fill(q.ptr, q.n, 32);
+  DeviceArray<std::uint8_t> ws(std::size_t(attention_workspace_bytes(m3(), rows, requests)));
+  const KvCacheView cache = KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128},
+                                              kv.ptr, nullptr, flashmsa::Device::kCuda);
+  AttentionOutputs o{device_view(out.ptr, DType::kBf16, {rows, 64, 128})};
+  o.workspace = device_view(ws.ptr, DType::kUint8, {std::int64_t(ws.n)});
+  const TensorView seq = device_view(ix.seq_lens.ptr, DType::kInt32, {requests});
+  const TensorView qv = device_view(q.ptr, DType::kBf16, {rows, 64, 128});
+  const TensorView iq = device_view(ix.query.ptr, DType::kBf16, {rows, 4, 128});
+  const TensorView tk = ix.outputs().topk;
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> steps, attention_only;
+  for (std::int64_t r = 0; r < rotations; ++r) {
+    const DecodeBatch batch{seq, ix.table_view(r), dql};
+    for (int full = 0; full < 2; ++full) {
+      cudaGraph_t g;
+      cudaGraphExec_t e;
+      FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      if (full) index_decode(m3(), iq, ix.view(), batch, ix.outputs(), {.stream = stream});
+      sparse_attention_decode(m3(), qv, cache, batch, tk, o, {.stream = stream});
+      FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+      FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
+      cudaGraphDestroy(g);
+      (full ? steps : attention_only).push_back(e);
+    }
+  }
+  const Stat full = time_graphs(steps, stream);  // also leaves valid top-k lists
+  const Stat attn = time_graphs(attention_only, stream);
+  const std::string shape = std::to_string(requests) + " x " + std::to_string(len / 1024) + "K" +
+                            (dql > 1 ? ", dql " + std::to_string(dql) : "");
+  const double step_tbps = step_bytes / full.median_s / 1e12;
+  report("decode step (indexer + top-k + attention, graph), " + shape, step_tbps, "TB/s",
+         step_tbps / g_hbm_tbps, full);
+  const double attn_tbps = (kv_bytes_per_step + requests * dql * 64 * 128 * 2) / attn.median_s / 1e12;
+  report("decode sparse attention alone (graph), " + shape, attn_tbps, "TB/s",
+         attn_tbps / g_hbm_tbps, attn);
+  for (auto e : steps) cudaGraphExecDestroy(e);
+  for (auto e : attention_only) cudaGraphExecDestroy(e);
+  cudaStreamDestroy(stream);
+}
+
 void write_json(const char* path) {
   FILE* f = std::fopen(path, "w");
   if (!f) throw std::runtime_error(std::string("cannot write ") + path);
@@ -304,6 +508,14 @@ int main(int argc, char** argv) {
     decode_indexer(64, 32768);
     decode_indexer(128, 32768);
     decode_indexer(1, 8192);
+    for (bool coherent : {true, false}) prefill_attention(32768, coherent);
+    prefill_attention(8192, true);
+    prefill_attention(131072, true);
+    dense_prefill_attention(32768);
+    decode_step(64, 32768, 1);
+    decode_step(128, 32768, 1);
+    decode_step(1, 8192, 1);
+    decode_step(64, 32768, 4);
     if (json) write_json(json);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashmsa_cuda_bench: %s\n", e.what());
