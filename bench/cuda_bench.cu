@@ -490,11 +490,14 @@ void write_json(const char* path) {
 
 int main(int argc, char** argv) {
   const char* json = nullptr;
+  std::string filter;  // run only the cases whose key contains it
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json = argv[++i];
+    } else if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
+      filter = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE]\n");
+      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING]\n");
       return 2;
     }
   }
@@ -502,20 +505,28 @@ int main(int argc, char** argv) {
     std::printf("flashmsa_cuda_bench: no CUDA run: %s\n", reason->c_str());
     return 0;
   }
+  const std::vector<std::pair<std::string, std::function<void()>>> cases{
+      {"ceilings", ceilings},
+      {"indexer prefill 8K", [] { prefill_indexer(8192); }},
+      {"indexer prefill 32K", [] { prefill_indexer(32768); }},
+      {"indexer prefill 128K", [] { prefill_indexer(131072); }},
+      {"indexer decode 64x32K", [] { decode_indexer(64, 32768); }},
+      {"indexer decode 128x32K", [] { decode_indexer(128, 32768); }},
+      {"indexer decode 1x8K", [] { decode_indexer(1, 8192); }},
+      {"attention prefill 32K coherent", [] { prefill_attention(32768, true); }},
+      {"attention prefill 32K random", [] { prefill_attention(32768, false); }},
+      {"attention prefill 8K coherent", [] { prefill_attention(8192, true); }},
+      {"attention prefill 128K coherent", [] { prefill_attention(131072, true); }},
+      {"dense attention 32K", [] { dense_prefill_attention(32768); }},
+      {"decode step 64x32K", [] { decode_step(64, 32768, 1); }},
+      {"decode step 128x32K", [] { decode_step(128, 32768, 1); }},
+      {"decode step 1x8K", [] { decode_step(1, 8192, 1); }},
+      {"decode step 64x32K dql4", [] { decode_step(64, 32768, 4); }},
+  };
   try {
-    ceilings();
-    for (std::int64_t len : {8192, 32768, 131072}) prefill_indexer(len);
-    decode_indexer(64, 32768);
-    decode_indexer(128, 32768);
-    decode_indexer(1, 8192);
-    for (bool coherent : {true, false}) prefill_attention(32768, coherent);
-    prefill_attention(8192, true);
-    prefill_attention(131072, true);
-    dense_prefill_attention(32768);
-    decode_step(64, 32768, 1);
-    decode_step(128, 32768, 1);
-    decode_step(1, 8192, 1);
-    decode_step(64, 32768, 4);
+    for (const auto& [key, run] : cases) {
+      if (filter.empty() || key.find(filter) != std::string::npos) run();
+    }
     if (json) write_json(json);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashmsa_cuda_bench: %s\n", e.what());
