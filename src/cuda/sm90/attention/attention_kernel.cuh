@@ -45,15 +45,17 @@ struct AttentionTraits {
   static constexpr int kMaxUnion = kRows * kMaxTopk;
   static constexpr int kWindow = 2048;  // blocks marked per pass of the union build
   static constexpr int kPartialStride = 132;  // floats per epilogue row (4 of padding: banks)
-  static_assert(kChunkKeys % 16 == 0 && kWindow % kThreads == 0);
+  static_assert(kChunkKeys % 16 == 0);
 };
 
 // Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
 using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
-// Decode, dql = 1: one row, 4 warps split each page's keys, 3 pages in flight.
-using AttentionDecode1Traits = AttentionTraits<1, 4, 3>;
-// Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages).
-using AttentionDecode4Traits = AttentionTraits<4, 1, 3>;
+// Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
+// holds the 3-page ring), 3 pages in flight.
+using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
+// Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
+// per row.
+using AttentionDecode4Traits = AttentionTraits<4, 2, 3>;
 
 template <KvFormat kFormat>
 constexpr int kv_raw_page_bytes() {
@@ -186,10 +188,15 @@ __device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_he
     const std::byte* base = src.data + page * src.page_stride + kv_head * src.head_stride;
     std::byte* dst = stage + plane * kHalf;
     if constexpr (kFormat == KvFormat::kNative16) {
-      for (int i = threadIdx.x; i < 128 * kRowChunks; i += Traits::kThreads) {
-        const int token = i / kRowChunks, chunk = i % kRowChunks;
-        cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16,
-                            base + token * src.token_stride + chunk * 16, token < limit);
+      // Each thread keeps one 16-byte column and walks the tokens (few address computations).
+      static_assert(Traits::kThreads % kRowChunks == 0);
+      constexpr int kStep = Traits::kThreads / kRowChunks;
+      const int chunk = threadIdx.x % kRowChunks;
+      const std::byte* from = base + (threadIdx.x / kRowChunks) * src.token_stride + chunk * 16;
+#pragma unroll 4
+      for (int token = threadIdx.x / kRowChunks; token < 128; token += kStep) {
+        cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16, from, token < limit);
+        from += kStep * src.token_stride;
       }
     } else if constexpr (kFormat == KvFormat::kNvfp4) {
       for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
@@ -295,29 +302,32 @@ __global__ void __launch_bounds__(Traits::kThreads)
     __syncthreads();
     const int candidates = tile.rows * p.topk_width;
     for (std::int64_t w0 = 0; w0 < tile_blocks; w0 += Traits::kWindow) {
-      for (int i = threadIdx.x; i < Traits::kWindow; i += Traits::kThreads) marks[i] = 0;
+      const int window = static_cast<int>(min64(Traits::kWindow, tile_blocks - w0));
+      for (int i = threadIdx.x; i < window; i += Traits::kThreads) marks[i] = 0;
       __syncthreads();
       for (int c = threadIdx.x; c < candidates; c += Traits::kThreads) {
         const int i = c / p.topk_width, j = c % p.topk_width;
         const std::int64_t b = p.topk[kv_head * p.topk_stride[0] + (tile.row + i) * p.topk_stride[1] +
                                       j * p.topk_stride[2]];
         const std::int64_t pos = tile.position(i);
-        if (b >= w0 && b < w0 + Traits::kWindow && pos >= 0 && b <= pos / 128 && page_of(b) >= 0) {
+        if (b >= w0 && b < w0 + window && pos >= 0 && b <= pos / 128 && page_of(b) >= 0) {
           atomicOr(&marks[b - w0], 1u << i);
         }
       }
       __syncthreads();
-      constexpr int kPerThread = Traits::kWindow / Traits::kThreads;
-      const int first = threadIdx.x * kPerThread;
+      // Each thread compacts a run of consecutive blocks: the union comes out ascending.
+      const int per_thread = (window + Traits::kThreads - 1) / Traits::kThreads;
+      const int first = threadIdx.x * per_thread;
+      const int last = min(window, first + per_thread);
       int count = 0;
-      for (int i = 0; i < kPerThread; ++i) count += marks[first + i] != 0;
+      for (int i = first; i < last; ++i) count += marks[i] != 0;
       int offset, total;
       Scan(*scan_storage).ExclusiveSum(count, offset, total);
       offset += carry;
-      for (int i = 0; i < kPerThread; ++i) {
-        const std::uint32_t m = marks[first + i];
+      for (int i = first; i < last; ++i) {
+        const std::uint32_t m = marks[i];
         if (m == 0) continue;
-        const std::int64_t b = w0 + first + i;
+        const std::int64_t b = w0 + i;
         union_block[offset] = static_cast<std::int32_t>(b);
         union_page[offset] = static_cast<std::int32_t>(page_of(b));
         union_mask[offset] = m;
@@ -523,30 +533,30 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     float v[32] = {};
     float l = 0.0f;
+#pragma unroll
     for (int w = 0; w < Traits::kKeySplit; ++w) {
       const int slot = (row * Traits::kKeySplit + w) * 16 + head;
       const float wmax = part_max[slot];
       if (wmax == -INFINITY) continue;
       const float scale = fast_exp2(wmax - m);
       l += scale * part_sum[slot];
-      const float* src = part_o + slot * Traits::kPartialStride + grp * 32;
+      const float4* src =
+          reinterpret_cast<const float4*>(part_o + slot * Traits::kPartialStride + grp * 32);
+#pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q4 = (j + threadIdx.x) & 7;  // rotated: spreads the threads over the banks
-        const float4 x = reinterpret_cast<const float4*>(src)[q4];
-        v[4 * q4] += scale * x.x;
-        v[4 * q4 + 1] += scale * x.y;
-        v[4 * q4 + 2] += scale * x.z;
-        v[4 * q4 + 3] += scale * x.w;
+        const float4 x = src[j];
+        v[4 * j] += scale * x.x;
+        v[4 * j + 1] += scale * x.y;
+        v[4 * j + 2] += scale * x.z;
+        v[4 * j + 3] += scale * x.w;
       }
     }
     float lse = -INFINITY;
-    if (l > 0.0f) {
-      const float inv = p.v_scale / l;
-      for (float& x : v) x *= inv;
-      lse = (m + __log2f(l)) * kLn2;
-    } else {
-      for (float& x : v) x = 0.0f;  // no key: exact zeros, -inf log-sum-exp
-    }
+    // No key: exact zeros (l is 0, v is 0) and a -inf log-sum-exp.
+    const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] *= inv;
+    if (l > 0.0f) lse = (m + __log2f(l)) * kLn2;
     const std::int64_t t = tile.row + row;
     const int hq = kv_head * p.group + head;
     if (p.splits == 1) {
@@ -554,6 +564,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     } else {
       const std::int64_t vec = (std::int64_t{split} * p.num_rows + t) * p.num_q_heads + hq;
       auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + grp * 32);
+#pragma unroll
       for (int j = 0; j < 8; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
       if (grp == 0) p.partial_lse[vec] = lse;
     }
