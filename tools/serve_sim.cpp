@@ -9,6 +9,8 @@
 #include <sstream>
 #include <vector>
 
+#include "src/cuda/device_info.hpp"
+
 namespace flashmsa::tools {
 
 const char* to_string(Workload w) {
@@ -140,7 +142,71 @@ struct Fidelity {
   std::int64_t needle_queries = 0, needle_hits = 0, rows = 0;
 };
 
+// A step's arrays where the ops need them: the host vectors themselves on the CPU backend,
+// device copies on the CUDA backend (outputs copied back by fetch()).
+class Staging {
+ public:
+  explicit Staging(bool cuda) : cuda_(cuda) {}
+  ~Staging() {
+    for (void* p : buffers_) cuda::device_free(p);
+  }
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+
+  TensorView in(const void* host, DType dtype, std::initializer_list<std::int64_t> shape) {
+    TensorView t = TensorView::contiguous(const_cast<void*>(host), dtype, shape);
+    if (!cuda_) return t;
+    t.data = allocate(bytes(t));
+    t.device = Device::kCuda;
+    cuda::copy_host_to_device(t.data, host, bytes(t));
+    return t;
+  }
+  TensorView out(void* host, DType dtype, std::initializer_list<std::int64_t> shape) {
+    TensorView t = TensorView::contiguous(host, dtype, shape);
+    if (!cuda_) return t;
+    t.data = allocate(bytes(t));
+    t.device = Device::kCuda;
+    outputs_.push_back({host, t.data, bytes(t)});
+    return t;
+  }
+  TensorView workspace(std::int64_t size) {
+    if (!cuda_) return {};
+    return TensorView::contiguous(allocate(static_cast<std::size_t>(size)), DType::kUint8,
+                                  {std::max<std::int64_t>(1, size)}, Device::kCuda);
+  }
+  // Waits for the device (so phase timings are honest) and copies the outputs back.
+  void finish_phase() const {
+    if (cuda_) cuda::device_synchronize();
+  }
+  void fetch() {
+    for (const Output& o : outputs_) cuda::copy_device_to_host(o.host, o.device, o.bytes);
+    outputs_.clear();
+  }
+
+ private:
+  struct Output {
+    void* host;
+    const void* device;
+    std::size_t bytes;
+  };
+  static std::size_t bytes(const TensorView& t) {
+    return static_cast<std::size_t>(t.numel() * dtype_bits(t.dtype) / 8);
+  }
+  void* allocate(std::size_t n) {
+    buffers_.push_back(cuda::device_malloc(std::max<std::size_t>(n, 1)));
+    return buffers_.back();
+  }
+  bool cuda_;
+  std::vector<void*> buffers_;
+  std::vector<Output> outputs_;
+};
+
 }  // namespace
+
+bool cuda_selected(const RunOptions& o) {
+  return o.backend == "cuda" ||
+         (o.backend == "auto" && !backend_unavailable_reason(Backend::kCudaSm90));
+}
 
 Report run_simulation(const RunOptions& o,
                       const std::function<void(double, const char*)>& progress) {
@@ -152,14 +218,17 @@ Report run_simulation(const RunOptions& o,
   config.check();
   Report rep;
   rep.config = config;
-  rep.backend = "cpu";
-  rep.device = detail::concat("CPU, ", cpu_worker_threads(o.threads), " threads");
-  rep.gemm = cpu_matrix_library();
+  const bool on_gpu = cuda_selected(o);
+  rep.backend = on_gpu ? "cuda_sm90" : "cpu";
+  rep.device = on_gpu ? cuda::device_name()
+                      : detail::concat("CPU, ", cpu_worker_threads(o.threads), " threads");
+  rep.gemm = on_gpu ? "tensor cores (mma.sync)" : cpu_matrix_library();
   const int dql = 1 + o.spec_tokens;
   const std::int64_t total_len = o.context + static_cast<std::int64_t>(o.decode_steps) * dql;
   const std::int64_t pages_per_request = (total_len + kBlock - 1) / kBlock;
-  CacheManager cm(config,
-                  {.num_pages = o.requests * pages_per_request + 1, .shuffle_seed = o.seed});
+  CacheManager cm(config, {.num_pages = o.requests * pages_per_request + 1,
+                           .device = on_gpu ? Device::kCuda : Device::kCpu,
+                           .shuffle_seed = o.seed});
   std::vector<CacheManager::RequestId> ids;
   for (int r = 0; r < o.requests; ++r) ids.push_back(cm.add_request());
   Generator gen(o);
@@ -200,47 +269,57 @@ Report run_simulation(const RunOptions& o,
     for (std::int64_t t = 0; t < T; ++t) {
       gen.row(st.request_of_row[t], st.positions[t], st.sampled[t], &input[t * kWidth]);
     }
+    Staging dev(on_gpu);
     std::vector<std::uint16_t> q(static_cast<std::size_t>(T * kHq * kD));
     std::vector<std::uint8_t> iq(static_cast<std::size_t>(T * kHidx * kDi * 2));
     const DType iq_dtype = config.indexer_kv_dtype == "fp8" ? DType::kFp8E4m3 : DType::kBf16;
     ProducerInputs in;
-    in.qkv_index = TensorView::contiguous(input.data(), DType::kBf16, {T, kWidth});
+    in.qkv_index = dev.in(input.data(), DType::kBf16, {T, kWidth});
     in.q_norm_weight = in.k_norm_weight = in.index_q_norm_weight = in.index_k_norm_weight =
-        TensorView::contiguous(zeros_w.data(), DType::kBf16, {kD});
-    in.positions = TensorView::contiguous(st.positions.data(), DType::kInt64, {T});
-    in.slot_mapping = TensorView::contiguous(st.slots.data(), DType::kInt64, {T});
-    const auto q_view = TensorView::contiguous(q.data(), DType::kBf16, {T, kHq, kD});
-    const auto iq_view = TensorView::contiguous(iq.data(), iq_dtype, {T, kHidx, kDi});
+        dev.in(zeros_w.data(), DType::kBf16, {kD});
+    in.positions = dev.in(st.positions.data(), DType::kInt64, {T});
+    in.slot_mapping = dev.in(st.slots.data(), DType::kInt64, {T});
+    const auto q_view = dev.out(q.data(), DType::kBf16, {T, kHq, kD});
+    const auto iq_view = dev.out(iq.data(), iq_dtype, {T, kHidx, kDi});
+    std::vector<std::int32_t> topk(static_cast<std::size_t>(kHkv * T * o.topk));
+    const auto topk_view = dev.out(topk.data(), DType::kInt32, {kHkv, T, o.topk});
+    const PrefillBatch pb{dev.in(st.cu.data(), DType::kInt32, {B + 1}),
+                          dev.in(st.lens.data(), DType::kInt32, {B}),
+                          dev.in(st.table.data(), DType::kInt32, {B, max_blocks})};
+    const DecodeBatch db{pb.seq_lens, pb.block_table, dql};
+    std::vector<std::uint16_t> out(q.size());
+    std::vector<float> lse(static_cast<std::size_t>(T * kHq));
+    AttentionOutputs ao{dev.out(out.data(), DType::kBf16, {T, kHq, kD}),
+                        dev.out(lse.data(), DType::kFp32, {T, kHq})};
+    ao.workspace = dev.workspace(attention_workspace_bytes(config, T, B));
+    IndexOutputs io{topk_view};
+    io.workspace = dev.workspace(index_workspace_bytes(config, T, B, max_blocks));
+    dev.finish_phase();
+
     PhaseTimes& times = decode ? rep.decode : rep.prefill;
     auto t0 = Clock::now();
     produce_qkv_index(config, in, cm.kv_cache(), cm.index_cache(), {q_view, iq_view}, op);
+    dev.finish_phase();
     times.producer += since(t0);
 
-    std::vector<std::int32_t> topk(static_cast<std::size_t>(kHkv * T * o.topk));
-    const auto topk_view = TensorView::contiguous(topk.data(), DType::kInt32, {kHkv, T, o.topk});
-    const PrefillBatch pb{TensorView::contiguous(st.cu.data(), DType::kInt32, {B + 1}),
-                          TensorView::contiguous(st.lens.data(), DType::kInt32, {B}),
-                          TensorView::contiguous(st.table.data(), DType::kInt32, {B, max_blocks})};
-    const DecodeBatch db{pb.seq_lens, pb.block_table, dql};
     t0 = Clock::now();
     if (decode) {
-      index_decode(config, iq_view, cm.index_cache(), db, {topk_view}, op);
+      index_decode(config, iq_view, cm.index_cache(), db, io, op);
     } else {
-      index_prefill(config, iq_view, cm.index_cache(), pb, {topk_view}, op);
+      index_prefill(config, iq_view, cm.index_cache(), pb, io, op);
     }
+    dev.finish_phase();
     times.indexer += since(t0);
 
-    std::vector<std::uint16_t> out(q.size());
-    std::vector<float> lse(static_cast<std::size_t>(T * kHq));
-    const AttentionOutputs ao{TensorView::contiguous(out.data(), DType::kBf16, {T, kHq, kD}),
-                              TensorView::contiguous(lse.data(), DType::kFp32, {T, kHq})};
     t0 = Clock::now();
     if (decode) {
       sparse_attention_decode(config, q_view, cm.kv_cache(), db, topk_view, ao, op);
     } else {
       sparse_attention_prefill(config, q_view, cm.kv_cache(), pb, topk_view, ao, op);
     }
+    dev.finish_phase();
     times.attention += since(t0);
+    dev.fetch();
 
     // Useful FLOPs and the bytes that must be read (each request's distinct selected pages).
     double flops = 0, bytes = 0;
@@ -285,13 +364,14 @@ Report run_simulation(const RunOptions& o,
     }
     std::vector<std::uint16_t> dout(sq.size());
     std::vector<float> dlse(static_cast<std::size_t>(n * kHq));
-    dense_attention(config, TensorView::contiguous(sq.data(), DType::kBf16, {n, kHq, kD}),
-                    cm.kv_cache(),
-                    {TensorView::contiguous(scu.data(), DType::kInt32, {B + 1}),
-                     TensorView::contiguous(slens.data(), DType::kInt32, {B}), pb.block_table},
-                    {TensorView::contiguous(dout.data(), DType::kBf16, {n, kHq, kD}),
-                     TensorView::contiguous(dlse.data(), DType::kFp32, {n, kHq})},
-                    op);
+    AttentionOutputs dense_out{dev.out(dout.data(), DType::kBf16, {n, kHq, kD}),
+                               dev.out(dlse.data(), DType::kFp32, {n, kHq})};
+    dense_out.workspace = dev.workspace(attention_workspace_bytes(config, n, B));
+    dense_attention(config, dev.in(sq.data(), DType::kBf16, {n, kHq, kD}), cm.kv_cache(),
+                    {dev.in(scu.data(), DType::kInt32, {B + 1}),
+                     dev.in(slens.data(), DType::kInt32, {B}), pb.block_table},
+                    dense_out, op);
+    dev.fetch();
     fid.rows += n;
     for (std::int64_t i = 0; i < n; ++i) {
       const std::int64_t t = rows[i];

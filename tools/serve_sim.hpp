@@ -54,6 +54,9 @@ struct Report {
   double relative_error_mean = 0;         // ||sparse - dense|| / ||dense||, per (row, q head)
 };
 
+// Whether the options select the CUDA backend: "cuda", or "auto" where an sm_90 GPU is present.
+bool cuda_selected(const RunOptions& options);
+
 // Runs the simulation; `progress(fraction, phase)` is called as work completes.
 Report run_simulation(const RunOptions& options,
                       const std::function<void(double, const char*)>& progress = {});

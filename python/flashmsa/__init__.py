@@ -1,7 +1,10 @@
 """FlashMSA: MiniMax-M3 sparse attention (MSA) for inference engines.
 
 A thin Python layer over the C++ library. Arrays are passed through DLPack without copies:
-numpy arrays (and CPU torch tensors) run on the CPU backend. numpy has no bfloat16 or fp8, so
+numpy arrays (and CPU torch tensors) run on the CPU backend, CUDA tensors on the CUDA backend
+(pass `out`, a uint8 device `workspace` of index_workspace_bytes / attention_workspace_bytes
+bytes, and `stream`, e.g. torch.cuda.current_stream().cuda_stream; the torch custom ops in
+flashmsa.torch_ops do all of that for you). numpy has no bfloat16 or fp8, so
 uint16 arrays carry bf16 bits and uint8 arrays fp8 codes where an operation expects them.
 
 Errors: ValueError for bad arguments (the message names the argument, the expected and the actual
@@ -25,6 +28,7 @@ from ._flashmsa import (  # noqa: F401
     CacheManager,
     Config,
     IndexCache,
+    attention_workspace_bytes,
     KvCache,
     TopkOrder,
     backends,
@@ -34,6 +38,7 @@ from ._flashmsa import (  # noqa: F401
     index_decode,
     index_cache_view,
     index_prefill,
+    index_workspace_bytes,
     insert_index_k,
     insert_kv,
     kv_cache,

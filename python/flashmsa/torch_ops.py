@@ -12,7 +12,10 @@ boundary:
 
 The layer configuration is MiniMax-M3's except for the arguments given (top-k, order, scales).
 Outputs are written into the ``out`` tensors the caller passes, so the ops allocate nothing but
-the top-k result of the index ops.
+the top-k result of the index ops and, for CUDA tensors, their device workspace (from torch's
+caching allocator, so a captured CUDA graph keeps it). CUDA tensors run on the current torch
+stream; the decode ops have a fixed grid and no host synchronisation, so they can be captured by
+``torch.cuda.graphs`` and replayed after ``seq_lens`` / ``block_table`` change in place.
 """
 
 from typing import Optional
@@ -36,6 +39,14 @@ def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.
     return c
 
 
+def _device_args(t: torch.Tensor, workspace_bytes) -> dict:
+    """workspace= and stream= for a CUDA call (nothing for CPU tensors)."""
+    if t.device.type != "cuda":
+        return {}
+    ws = torch.empty(max(1, workspace_bytes()), dtype=torch.uint8, device=t.device)
+    return {"workspace": ws, "stream": torch.cuda.current_stream(t.device).cuda_stream}
+
+
 def _index_cache(index_cache: torch.Tensor, index_dtype: str):
     # An index cache is the same strided structure as a one-head "separate" main cache plane.
     return _C.index_cache_view(index_dtype, index_cache)
@@ -53,8 +64,10 @@ def index_prefill(index_q: torch.Tensor, index_cache: torch.Tensor, cu_seqlens_q
     """Top-k block ids, int32 [4, T, topk], for index_q [T, 4, 128] over a ragged batch."""
     c = _config(topk, topk_order, index_dtype, "bf16")
     out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+    extra = _device_args(index_q, lambda: _C.index_workspace_bytes(
+        c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
     _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype), cu_seqlens_q, seq_lens,
-                     block_table, out=out)
+                     block_table, out=out, **extra)
     return out
 
 
@@ -71,8 +84,10 @@ def index_decode(index_q: torch.Tensor, index_cache: torch.Tensor, seq_lens: tor
     """Top-k block ids, int32 [4, B * decode_query_len, topk], for decode rows."""
     c = _config(topk, topk_order, index_dtype, "bf16")
     out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+    extra = _device_args(index_q, lambda: _C.index_workspace_bytes(
+        c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
     _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype), seq_lens, block_table,
-                    decode_query_len=decode_query_len, out=out)
+                    decode_query_len=decode_query_len, out=out, **extra)
     return out
 
 
@@ -91,9 +106,10 @@ def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                              v_scale: float = 1.0) -> None:
     """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
     _C.sparse_attention_prefill(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                 k_scale, v_scale),
-                                cu_seqlens_q, seq_lens, block_table, topk, out)
+                                cu_seqlens_q, seq_lens, block_table, topk, out, **extra)
 
 
 @sparse_attention_prefill.register_fake
@@ -111,10 +127,11 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
                             v_scale: float = 1.0) -> None:
     """Decode attention of q [B * decode_query_len, 64, 128] into out."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
     _C.sparse_attention_decode(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                k_scale, v_scale),
                                seq_lens, block_table, topk, out,
-                               decode_query_len=decode_query_len)
+                               decode_query_len=decode_query_len, **extra)
 
 
 @sparse_attention_decode.register_fake

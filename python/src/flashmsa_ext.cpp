@@ -424,39 +424,46 @@ NB_MODULE(_flashmsa, m) {
       "sparse_attention_prefill",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& topk,
-         const AnyArray& out, const std::optional<AnyArray>& lse, bool checked, int threads) {
+         const AnyArray& out, const std::optional<AnyArray>& lse, bool checked, int threads,
+         const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
         o.out = view(out, "out");
         o.lse = optional_view(lse, "lse");
+        o.workspace = optional_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
         nb::gil_scoped_release release;
-        sparse_attention_prefill(c, qv, cache, batch, tk, o, op_options(checked, threads));
+        sparse_attention_prefill(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
       nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("topk"), nb::arg("out"),
       nb::arg("lse") = nb::none(), nb::arg("checked") = false, nb::arg("threads") = 0,
+      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
       "Sparse GQA attention of q [T, Hq, D] over each row's top-k blocks into out [T, Hq, D] "
-      "(bf16 as uint16 on numpy, fp16, fp32) and optionally lse [T, Hq] fp32.");
+      "(bf16 as uint16 on numpy, fp16, fp32) and optionally lse [T, Hq] fp32. CUDA tensors also "
+      "need a uint8 `workspace` of attention_workspace_bytes(...) bytes and the stream.");
 
   m.def(
       "dense_attention",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& out,
-         const std::optional<AnyArray>& lse, bool checked, int threads) {
+         const std::optional<AnyArray>& lse, bool checked, int threads,
+         const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
         o.out = view(out, "out");
         o.lse = optional_view(lse, "lse");
+        o.workspace = optional_view(workspace, "workspace");
         const TensorView qv = view(q, "q");
         nb::gil_scoped_release release;
-        dense_attention(c, qv, cache, batch, o, op_options(checked, threads));
+        dense_attention(c, qv, cache, batch, o, op_options(checked, threads, stream));
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
       nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out"), nb::arg("lse") = nb::none(),
-      nb::arg("checked") = false, nb::arg("threads") = 0,
+      nb::arg("checked") = false, nb::arg("threads") = 0, nb::arg("workspace") = nb::none(),
+      nb::arg("stream") = 0,
       "Causal GQA attention over every visible key of the paged cache (the cross-check).");
 
   m.def(
@@ -490,13 +497,19 @@ NB_MODULE(_flashmsa, m) {
         "Bytes of the device workspace the CUDA indexer needs for such a batch (the CPU backend "
         "needs none).");
 
+  m.def("attention_workspace_bytes", &attention_workspace_bytes, nb::arg("config"),
+        nb::arg("num_rows"), nb::arg("num_requests"),
+        "Bytes of the device workspace the CUDA attention needs for any prefill, dense or decode "
+        "batch of at most num_requests requests and num_rows rows (the CPU backend needs none). "
+        "The index ops' workspace can be the same buffer.");
+
   m.def(
       "sparse_attention_decode",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
          const AnyArray& block_table, const AnyArray& topk, const AnyArray& out,
          int decode_query_len, const std::optional<AnyArray>& lse,
          const std::optional<AnyArray>& mxfp8_scales, const std::string& scale_layout, bool checked,
-         int threads) {
+         int threads, const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           decode_query_len};
         AttentionOutputs o;
@@ -512,14 +525,16 @@ NB_MODULE(_flashmsa, m) {
           }
         }
         o.lse = optional_view(lse, "lse");
+        o.workspace = optional_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
         nb::gil_scoped_release release;
-        sparse_attention_decode(c, qv, cache, batch, tk, o, op_options(checked, threads));
+        sparse_attention_decode(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("seq_lens"),
       nb::arg("block_table"), nb::arg("topk"), nb::arg("out"), nb::arg("decode_query_len") = 1,
       nb::arg("lse") = nb::none(), nb::arg("mxfp8_scales") = nb::none(),
       nb::arg("scale_layout") = "row_major", nb::arg("checked") = false, nb::arg("threads") = 0,
+      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
       "Decode attention into out [T, Hq, D]; with mxfp8_scales, out is [T, Hq*D] E4M3 codes "
       "(uint8) and mxfp8_scales the E8M0 scales ([T, Hq*D/32] row-major, or the 128x4 swizzled "
       "buffer), bit-identical to quantizing the bf16 output.");

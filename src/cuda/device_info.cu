@@ -53,6 +53,26 @@ void device_memset(void* ptr, int value, std::size_t bytes) {
   FLASHMSA_CHECK_CUDA(cudaMemset(ptr, value, bytes));
 }
 
+void copy_host_to_device(void* device, const void* host, std::size_t bytes) {
+  if (bytes) FLASHMSA_CHECK_CUDA(cudaMemcpy(device, host, bytes, cudaMemcpyHostToDevice));
+}
+
+void copy_device_to_host(void* host, const void* device, std::size_t bytes) {
+  if (bytes) FLASHMSA_CHECK_CUDA(cudaMemcpy(host, device, bytes, cudaMemcpyDeviceToHost));
+}
+
+void device_synchronize() {
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
+std::string device_name() {
+  int device = 0;
+  FLASHMSA_CHECK_CUDA(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  FLASHMSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, device));
+  return prop.name;
+}
+
 std::vector<std::byte> copy_to_host(const TensorView& t, void* stream) {
   if (t.data == nullptr || t.numel() == 0) return {};
   std::int64_t last = 0;

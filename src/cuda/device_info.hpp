@@ -17,5 +17,11 @@ std::optional<std::string> sm90_device_unavailable_reason();
 void* device_malloc(std::size_t bytes);
 void device_free(void* ptr) noexcept;
 void device_memset(void* ptr, int value, std::size_t bytes);
+// Blocking copies between host and device memory (default stream), and a device-wide wait.
+void copy_host_to_device(void* device, const void* host, std::size_t bytes);
+void copy_device_to_host(void* host, const void* device, std::size_t bytes);
+void device_synchronize();
+// The name of the current device ("NVIDIA H200").
+std::string device_name();
 
 }  // namespace flashmsa::cuda

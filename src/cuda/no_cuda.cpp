@@ -23,6 +23,17 @@ void device_memset(void*, int, std::size_t) {
   throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
 }
 
+void copy_host_to_device(void*, const void*, std::size_t) {
+  throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
+}
+void copy_device_to_host(void*, const void*, std::size_t) {
+  throw Error(ErrorKind::kUnsupported, "device memory requested, but this build has no CUDA");
+}
+void device_synchronize() {}
+std::string device_name() {
+  return "no CUDA device";
+}
+
 std::vector<std::byte> copy_to_host(const TensorView&, void*) {
   throw Error(ErrorKind::kUnsupported, "device tensor, but this build has no CUDA");
 }

@@ -125,10 +125,17 @@ TEST(Cli, HelpAndInfo) {
   EXPECT_NE(r.output.find("backend cpu        available"), std::string::npos) << r.output;
 }
 
-TEST(Cli, CudaBackendFailsClearlyWithoutAGpu) {
-  const Result r = run_cli("run --backend cuda --context 512 --decode-steps 0");
-  EXPECT_EQ(r.code, 1);
-  EXPECT_EQ(r.output.rfind("flashmsa: --backend cuda", 0), 0u) << r.output;
+// Without an sm_90 GPU, --backend cuda stops with the reason; with one, it runs there.
+TEST(Cli, CudaBackendRunsOrFailsClearly) {
+  const Result r = run_cli("run --backend cuda --context 512 --chunk 256 --decode-steps 2");
+  if (backend_unavailable_reason(Backend::kCudaSm90)) {
+    EXPECT_EQ(r.code, 1);
+    EXPECT_EQ(r.output.rfind("flashmsa: --backend cuda cannot run here: ", 0), 0u) << r.output;
+  } else {
+    EXPECT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("cuda_sm90"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("needle hit rate"), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cli, SmallRunPrintsTheReportAndWritesJson) {

@@ -224,7 +224,7 @@ def test_torch_cpu_tensors_through_dlpack():
     assert (np.asarray(topk_t) == topk_np).all()
 
 
-def test_cuda_tensors_get_a_clear_error_until_the_cuda_backend_exists():
+def test_mixed_devices_get_a_clear_error():
     torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")

@@ -1,6 +1,7 @@
 """torch custom ops: equal to the direct calls, traceable by torch.compile(fullgraph=True), and
-passing torch.library.opcheck. CPU tensors (the CUDA backend is not written yet). Skipped, with
-the reason, where torch is not installed."""
+passing torch.library.opcheck, on CPU tensors; on CUDA tensors (where a GPU exists): equal to the
+CPU backend, captured in a CUDA graph and replayed after the lengths change in place, and
+compiled. Skipped, with the reason, where torch or a GPU is missing."""
 
 import pytest
 
@@ -78,3 +79,79 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.flashmsa.index_decode.default,
                           (dql_rows, index, lens, table, 2),
                           test_utils=("test_schema", "test_faketensor"))
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+
+
+def assert_attention_close(got, want):
+    # A wiring check (the C++ GPU tests hold the kernels to the FlashAttention rule against the
+    # fp64 oracle): the CPU backend weights V with fp32 probabilities, the GPU with bf16 ones
+    # (spec 5), and both round the output to bf16, so they may differ by a few bf16 ulps.
+    torch.testing.assert_close(got.cpu().float(), want.float(), rtol=2 ** -6, atol=2 ** -8)
+
+
+@requires_cuda
+def test_cuda_ops_match_the_cpu_backend():
+    kv, index, cu, lens, table, q, iq = make_inputs(3)
+    topk_cpu = torch.ops.flashmsa.index_prefill(iq, index, cu, lens, table)
+    out_cpu = torch.empty_like(q)
+    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk_cpu, out_cpu)
+    kv_d, index_d, cu_d, lens_d, table_d, q_d, iq_d = (t.cuda() for t in
+                                                        (kv, index, cu, lens, table, q, iq))
+    topk = torch.ops.flashmsa.index_prefill(iq_d, index_d, cu_d, lens_d, table_d)
+    assert torch.equal(topk.cpu(), topk_cpu)
+    out = torch.full_like(q_d, float("nan"))
+    torch.ops.flashmsa.sparse_attention_prefill(q_d, kv_d, None, cu_d, lens_d, table_d, topk, out)
+    assert_attention_close(out, out_cpu)
+
+
+@requires_cuda
+def test_cuda_graph_decode_replays_after_the_lengths_change():
+    kv, index, _, lens, table, q, iq = make_inputs(4)
+    dql, rows = 2, 4
+    kv_d, index_d, table_d = kv.cuda(), index.cuda(), table.cuda()
+    lens_d = lens.clone().cuda()
+    q_d, iq_d = q[:rows].cuda(), iq[:rows].cuda()
+    out = torch.empty_like(q_d)
+
+    def step():
+        topk = torch.ops.flashmsa.index_decode(iq_d, index_d, lens_d, table_d, dql)
+        torch.ops.flashmsa.sparse_attention_decode(q_d, kv_d, None, lens_d, table_d, topk, out,
+                                                   dql)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graphs asks
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new_lens in ([2500, 300], [1800, 129], [0, 257]):  # 0: a padding request
+        lens_cpu = torch.tensor(new_lens, dtype=torch.int32)
+        lens_d.copy_(lens_cpu)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        topk_cpu = torch.ops.flashmsa.index_decode(iq[:rows], index, lens_cpu, table, dql)
+        want = torch.empty_like(q[:rows])
+        torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens_cpu, table, topk_cpu,
+                                                   want, dql)
+        assert_attention_close(out, want)
+
+
+@requires_cuda
+def test_torch_compile_fullgraph_cuda():
+    tensors = [t.cuda() for t in make_inputs(5)]
+    kv, index, cu, lens, table, q, iq = tensors
+
+    def layer(q, iq, kv, index, cu, lens, table):
+        topk = torch.ops.flashmsa.index_prefill(iq, index, cu, lens, table)
+        out = torch.empty_like(q)
+        torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk, out)
+        return out * 1.0
+
+    eager = layer(q, iq, kv, index, cu, lens, table)
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, iq, kv, index, cu, lens, table), eager)
