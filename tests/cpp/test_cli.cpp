@@ -63,7 +63,14 @@ TEST(Cli, FullCoverageRecallsAllMass) {
     expect_sane_timings(r);
     EXPECT_NEAR(r.recall_mean, 1.0, 1e-5);
     EXPECT_NEAR(r.recall_p5, 1.0, 1e-5);
-    EXPECT_EQ(r.relative_error_mean, 0.0);
+    // The CPU runs sparse and dense through one code path: bit-equal. The CUDA decode kernel
+    // merges key parts and splits in another order than the dense (prefill) kernel, so there
+    // they agree up to the bf16 rounding of the output (2^-9 relative per element).
+    if (r.backend == "cpu") {
+      EXPECT_EQ(r.relative_error_mean, 0.0);
+    } else {
+      EXPECT_LE(r.relative_error_mean, 1.0 / 512);
+    }
     EXPECT_EQ(r.needle_hit_rate, -1);
     EXPECT_NE(tools::report_json(r, o).find("\"needle_hit_rate\": null"), std::string::npos);
   }
