@@ -415,7 +415,7 @@ Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream
 
 // The decode step (indexer + top-k + attention) of `requests` x `len`, and its attention alone.
 void decode_step(std::int64_t requests, std::int64_t len, int dql) {
-  const std::int64_t kv_bytes_per_step = requests * 4 * 16 * 128 * 512;
+  const std::int64_t kv_bytes_per_step = requests * 4 * 16 * 128 * 512;  // sizing the rotation
   const std::int64_t index_bytes_per_step = requests * len * 256;
   const std::int64_t q_bytes = requests * dql * (64 + 4) * 128 * 2;
   const std::int64_t step_bytes = index_bytes_per_step + kv_bytes_per_step + q_bytes;
@@ -454,12 +454,31 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
   }
   const Stat full = time_graphs(steps, stream);  // also leaves valid top-k lists
   const Stat attn = time_graphs(attention_only, stream);
+  // Bytes the attention must read: each (request, kv head)'s distinct selected pages (with
+  // speculative rows, the union of their selections).
+  std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), ix.topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
+  std::int64_t distinct = 0;
+  for (std::int64_t h = 0; h < 4; ++h) {
+    for (std::int64_t r = 0; r < requests; ++r) {
+      std::vector<std::int32_t> u;
+      for (std::int64_t t = r * dql; t < (r + 1) * dql; ++t) {
+        for (int i = 0; i < 16; ++i) {
+          if (ids[(h * rows + t) * 16 + i] >= 0) u.push_back(ids[(h * rows + t) * 16 + i]);
+        }
+      }
+      std::sort(u.begin(), u.end());
+      distinct += std::unique(u.begin(), u.end()) - u.begin();
+    }
+  }
+  const std::int64_t kv_bytes = distinct * 128 * 512;  // K and V rows of 128 bf16 each
+  const std::int64_t step_bytes_read = index_bytes_per_step + kv_bytes + q_bytes;
   const std::string shape = std::to_string(requests) + " x " + std::to_string(len / 1024) + "K" +
                             (dql > 1 ? ", dql " + std::to_string(dql) : "");
-  const double step_tbps = step_bytes / full.median_s / 1e12;
+  const double step_tbps = step_bytes_read / full.median_s / 1e12;
   report("decode step (indexer + top-k + attention, graph), " + shape, step_tbps, "TB/s",
          step_tbps / g_hbm_tbps, full);
-  const double attn_tbps = (kv_bytes_per_step + requests * dql * 64 * 128 * 2) / attn.median_s / 1e12;
+  const double attn_tbps = (kv_bytes + requests * dql * 64 * 128 * 2) / attn.median_s / 1e12;
   report("decode sparse attention alone (graph), " + shape, attn_tbps, "TB/s",
          attn_tbps / g_hbm_tbps, attn);
   for (auto e : steps) cudaGraphExecDestroy(e);

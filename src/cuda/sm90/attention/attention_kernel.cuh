@@ -288,6 +288,35 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const std::int64_t last_pos = tile.position(tile.rows - 1);
   const std::int64_t tile_blocks = last_pos < 0 ? 0 : last_pos / 128 + 1;
 
+  // ---- Queries: each warp row's G heads as the 16 rows of an MMA tile (rows >= G are zero).
+  // Copied asynchronously first (one cp.async group), so their latency hides behind the union
+  // build; a q dtype other than the MMA type is converted through registers instead.
+  for (int i = threadIdx.x; i < Traits::kRows * 16 * kRowChunks; i += Traits::kThreads) {
+    const int r = i / kRowChunks, chunk = i % kRowChunks;
+    const int row = r / 16, head = r % 16;
+    const bool live = row < tile.rows && head < p.group;
+    const auto* src = static_cast<const QElem*>(p.q) +
+                      (tile.row + (live ? row : 0)) * p.q_row_stride +
+                      (kv_head * p.group + (live ? head : 0)) * p.q_head_stride + chunk * 8;
+    std::byte* dst = q_tile + swizzled_chunk(r, chunk) * 16;
+    if constexpr (std::is_same_v<QElem, Elem>) {
+      cp_async_16_or_zero(dst, src, live);
+    } else {
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (live) {
+        const uint4 raw = *reinterpret_cast<const uint4*>(src);
+        const auto* in = reinterpret_cast<const QElem*>(&raw);
+        std::uint32_t w[4];
+        for (int j = 0; j < 4; ++j) {
+          w[j] = pack2<Elem>(static_cast<float>(in[2 * j]), static_cast<float>(in[2 * j + 1]));
+        }
+        value = make_uint4(w[0], w[1], w[2], w[3]);
+      }
+      *reinterpret_cast<uint4*>(dst) = value;
+    }
+  }
+  cp_async_commit();
+
   // ---- The union of the tile's selected pages, ascending, with the rows that chose each ----
   int num_entries;
   if (p.topk == nullptr) {
@@ -365,26 +394,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     cp_async_commit();
   }
 
-  // ---- Queries: each warp row's G heads as the 16 rows of an MMA tile (rows >= G are zero) ----
-  for (int i = threadIdx.x; i < Traits::kRows * 16 * kRowChunks; i += Traits::kThreads) {
-    const int r = i / kRowChunks, chunk = i % kRowChunks;
-    const int row = r / 16, head = r % 16;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row < tile.rows && head < p.group) {
-      const auto* src = static_cast<const QElem*>(p.q) + (tile.row + row) * p.q_row_stride +
-                        (kv_head * p.group + head) * p.q_head_stride + chunk * 8;
-      value = *reinterpret_cast<const uint4*>(src);
-      if constexpr (!std::is_same_v<QElem, Elem>) {
-        const auto* in = reinterpret_cast<const QElem*>(&value);
-        std::uint32_t w[4];
-        for (int j = 0; j < 4; ++j) {
-          w[j] = pack2<Elem>(static_cast<float>(in[2 * j]), static_cast<float>(in[2 * j + 1]));
-        }
-        value = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-    reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(r, chunk)] = value;
-  }
+  cp_async_wait<Traits::kStages - 1>();  // the queries' group (pages may still be in flight)
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
