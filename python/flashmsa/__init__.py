@@ -2,9 +2,9 @@
 
 A thin Python layer over the C++ library. Arrays are passed through DLPack without copies:
 numpy arrays (and CPU torch tensors) run on the CPU backend, CUDA tensors on the CUDA backend
-(pass `out`, a uint8 device `workspace` of index_workspace_bytes / attention_workspace_bytes
-bytes, and `stream`, e.g. torch.cuda.current_stream().cuda_stream; the torch custom ops in
-flashmsa.torch_ops do all of that for you). numpy has no bfloat16 or fp8, so
+on the current torch stream (`stream=` overrides it; index and attention ops take a uint8 device
+`workspace` of index_workspace_bytes / attention_workspace_bytes bytes, allocated with torch when
+left out; pass it, and `out`, to allocate nothing). numpy has no bfloat16 or fp8, so
 uint16 arrays carry bf16 bits and uint8 arrays fp8 codes where an operation expects them.
 
 Errors: ValueError for bad arguments (the message names the argument, the expected and the actual
@@ -47,6 +47,33 @@ from ._flashmsa import (  # noqa: F401
     sparse_attention_prefill,
     version,
 )
+
+from . import _flashmsa as _C  # noqa: E402
+from ._cuda_defaults import with_cuda_defaults as _with_cuda_defaults  # noqa: E402
+
+
+def _index_ws(a):
+    return _C.index_workspace_bytes(a["config"], a["index_q"].shape[0], a["seq_lens"].shape[0],
+                                    a["block_table"].shape[1])
+
+
+def _attention_ws(a):
+    return _C.attention_workspace_bytes(a["config"], a["q"].shape[0], a["seq_lens"].shape[0])
+
+
+_PREFILL = ["kv_or_index_cache", "cu_seqlens_q", "seq_lens", "block_table"]
+_DECODE = ["kv_or_index_cache", "seq_lens", "block_table"]
+index_prefill = _with_cuda_defaults(_C.index_prefill, ["config", "index_q"] + _PREFILL, _index_ws)
+index_decode = _with_cuda_defaults(_C.index_decode, ["config", "index_q"] + _DECODE, _index_ws)
+sparse_attention_prefill = _with_cuda_defaults(_C.sparse_attention_prefill,
+                                               ["config", "q"] + _PREFILL, _attention_ws)
+dense_attention = _with_cuda_defaults(_C.dense_attention, ["config", "q"] + _PREFILL,
+                                      _attention_ws)
+sparse_attention_decode = _with_cuda_defaults(_C.sparse_attention_decode,
+                                              ["config", "q"] + _DECODE, _attention_ws)
+insert_kv = _with_cuda_defaults(_C.insert_kv, [])
+insert_index_k = _with_cuda_defaults(_C.insert_index_k, [])
+produce_qkv_index = _with_cuda_defaults(_C.produce_qkv_index, [])
 
 __version__ = version()
 

@@ -372,21 +372,23 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "insert_kv",
       [](const KvCacheView& cache, const AnyArray& k, const AnyArray& v, const AnyArray& slots,
-         bool checked) {
+         bool checked, std::uintptr_t stream) {
         insert_kv(cache, view(k, "k"), view(v, "v"), view(slots, "slot_mapping"),
-                  op_options(checked, 0));
+                  op_options(checked, 0, stream));
       },
       nb::arg("cache"), nb::arg("k"), nb::arg("v"), nb::arg("slot_mapping"),
-      nb::arg("checked") = false,
+      nb::arg("checked") = false, nb::arg("stream") = 0,
       "Write k, v [T, Hkv, D] (bf16/fp16/fp32) at slot_mapping [T] int64 (negative: skip), "
       "quantized to the cache dtype.");
   m.def(
       "insert_index_k",
-      [](const IndexCacheView& cache, const AnyArray& ik, const AnyArray& slots, bool checked) {
+      [](const IndexCacheView& cache, const AnyArray& ik, const AnyArray& slots, bool checked,
+         std::uintptr_t stream) {
         insert_index_k(cache, view(ik, "index_k"), view(slots, "slot_mapping"),
-                       op_options(checked, 0));
+                       op_options(checked, 0, stream));
       },
       nb::arg("cache"), nb::arg("index_k"), nb::arg("slot_mapping"), nb::arg("checked") = false,
+      nb::arg("stream") = 0,
       "Write index_k [T, Di] at slot_mapping [T] int64.");
 
   m.def(
@@ -546,7 +548,8 @@ NB_MODULE(_flashmsa, m) {
          const AnyArray& index_k_norm_weight, const AnyArray& positions,
          const AnyArray& slot_mapping, const KvCacheView& kv, const IndexCacheView& index,
          const AnyArray& q_out, const AnyArray& index_q_out,
-         const std::optional<AnyArray>& index_slot_mapping, bool checked, int threads) {
+         const std::optional<AnyArray>& index_slot_mapping, bool checked, int threads,
+         std::uintptr_t stream) {
         ProducerInputs in;
         in.qkv_index = view(qkv_index, "qkv_index");
         in.q_norm_weight = view(q_norm_weight, "q_norm_weight");
@@ -559,13 +562,13 @@ NB_MODULE(_flashmsa, m) {
         ProducerOutputs out{view(q_out, "q"), view(index_q_out, "index_q")};
         if (c.indexer_kv_dtype == "fp8") out.index_q = as_fp8(out.index_q);
         nb::gil_scoped_release release;
-        produce_qkv_index(c, in, kv, index, out, op_options(checked, threads));
+        produce_qkv_index(c, in, kv, index, out, op_options(checked, threads, stream));
       },
       nb::arg("config"), nb::arg("qkv_index"), nb::arg("q_norm_weight"), nb::arg("k_norm_weight"),
       nb::arg("index_q_norm_weight"), nb::arg("index_k_norm_weight"), nb::arg("positions"),
       nb::arg("slot_mapping"), nb::arg("kv_cache"), nb::arg("index_cache"), nb::arg("q"),
       nb::arg("index_q"), nb::arg("index_slot_mapping") = nb::none(), nb::arg("checked") = false,
-      nb::arg("threads") = 0,
+      nb::arg("threads") = 0, nb::arg("stream") = 0,
       "The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] -> Gemma RMSNorm and "
       "partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches.");
 }

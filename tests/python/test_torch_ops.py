@@ -155,3 +155,35 @@ def test_torch_compile_fullgraph_cuda():
     eager = layer(q, iq, kv, index, cu, lens, table)
     compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
     assert torch.equal(compiled(q, iq, kv, index, cu, lens, table), eager)
+
+
+@requires_cuda
+def test_direct_calls_on_cuda_tensors_run_on_the_current_torch_stream():
+    kv, index, cu, lens, table, q, iq = make_inputs(6)
+    config = flashmsa.Config()
+    topk_cpu = flashmsa.index_prefill(config, iq, flashmsa.index_cache_view("bf16", index), cu,
+                                      lens, table)
+    want = torch.empty_like(q)
+    flashmsa.sparse_attention_prefill(config, q, flashmsa.kv_cache("packed", "bf16", kv), cu,
+                                      lens, table, torch.from_numpy(topk_cpu), want)
+    kv_d, index_d, cu_d, lens_d, table_d, q_d, iq_d = (t.cuda() for t in
+                                                        (kv, index, cu, lens, table, q, iq))
+    # Insertion on the GPU writes the same bytes as on the CPU.
+    fresh_cpu, fresh_gpu = torch.zeros_like(kv), torch.zeros_like(kv_d)
+    k = torch.randn((3, HKV, D)).to(torch.bfloat16)
+    slots = torch.tensor([5, 130, 1000], dtype=torch.int64)
+    flashmsa.insert_kv(flashmsa.kv_cache("packed", "bf16", fresh_cpu), k, k, slots)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):  # no stream= and no workspace=: torch's current stream
+        flashmsa.insert_kv(flashmsa.kv_cache("packed", "bf16", fresh_gpu), k.cuda(), k.cuda(),
+                           slots.cuda())
+        topk = torch.full((4, 8, 16), -7, dtype=torch.int32, device="cuda")
+        flashmsa.index_prefill(config, iq_d, flashmsa.index_cache_view("bf16", index_d), cu_d,
+                               lens_d, table_d, out=topk)
+        out = torch.full_like(q_d, float("nan"))
+        flashmsa.sparse_attention_prefill(config, q_d, flashmsa.kv_cache("packed", "bf16", kv_d),
+                                          cu_d, lens_d, table_d, topk, out)
+    side.synchronize()
+    assert torch.equal(fresh_gpu.cpu(), fresh_cpu)
+    assert (topk.cpu().numpy() == topk_cpu).all()
+    assert_attention_close(out, want)
