@@ -355,6 +355,13 @@ std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_ro
   return bytes;
 }
 
+std::int64_t decode_workspace_bytes(const Config& config, std::int64_t max_requests,
+                                    std::int64_t max_decode_query_len, std::int64_t max_blocks) {
+  const std::int64_t rows = max_requests * max_decode_query_len;
+  return std::max(index_workspace_bytes(config, rows, max_requests, max_blocks),
+                  attention_workspace_bytes(config, rows, max_requests));
+}
+
 void index_prefill(const Config& config, const TensorView& index_q,
                    const IndexCacheView& index_cache, const PrefillBatch& batch,
                    const IndexOutputs& outputs, const OpOptions& options) {

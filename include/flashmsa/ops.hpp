@@ -129,6 +129,14 @@ struct AttentionOutputs {
 std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_rows,
                                        std::int64_t num_requests);
 
+// The decode plan by capacity: bytes of one device buffer that serves as the workspace of a whole
+// decode step (index_decode, then sparse_attention_decode, on one stream) for every batch of at
+// most `max_requests` requests (padding included), decode query length at most
+// `max_decode_query_len` and block tables at most `max_blocks` wide. Allocate it once, pass it to
+// both ops, capture the step in a CUDA graph per batch shape.
+std::int64_t decode_workspace_bytes(const Config& config, std::int64_t max_requests,
+                                    std::int64_t max_decode_query_len, std::int64_t max_blocks);
+
 // Sparse GQA attention of q [T, Hq, D] (bf16 / fp16) over the blocks each (kv head, row) selected
 // in `topk` (int32 [Hkv, T, topk] as index_* writes it; ids that are -1, out of range, not
 // visible or repeated are ignored and never dereferenced).

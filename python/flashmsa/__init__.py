@@ -34,6 +34,7 @@ from ._flashmsa import (  # noqa: F401
     backends,
     build_batch_metadata,
     build_info,
+    decode_workspace_bytes,
     dense_attention,
     index_decode,
     index_cache_view,

@@ -39,12 +39,15 @@ def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.
     return c
 
 
-def _device_args(t: torch.Tensor, workspace_bytes) -> dict:
-    """workspace= and stream= for a CUDA call (nothing for CPU tensors)."""
+def _device_args(t: torch.Tensor, workspace_bytes=None) -> dict:
+    """stream= (and workspace= when the op takes one) for a CUDA call; nothing for CPU tensors."""
     if t.device.type != "cuda":
         return {}
-    ws = torch.empty(max(1, workspace_bytes()), dtype=torch.uint8, device=t.device)
-    return {"workspace": ws, "stream": torch.cuda.current_stream(t.device).cuda_stream}
+    extra = {"stream": torch.cuda.current_stream(t.device).cuda_stream}
+    if workspace_bytes is not None:
+        extra["workspace"] = torch.empty(max(1, workspace_bytes()), dtype=torch.uint8,
+                                         device=t.device)
+    return extra
 
 
 def _index_cache(index_cache: torch.Tensor, index_dtype: str):
@@ -137,4 +140,80 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
 @sparse_attention_decode.register_fake
 def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, decode_query_len=1,
       kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op("flashmsa::dense_attention", mutates_args=("out",))
+def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
+                    cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
+                    out: torch.Tensor, kv_layout: str = "packed", kv_dtype: str = "bf16",
+                    k_scale: float = 1.0, v_scale: float = 1.0) -> None:
+    """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache."""
+    c = _config(16, "ascending", "bf16", kv_dtype)
+    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
+    _C.dense_attention(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale,
+                                       v_scale),
+                       cu_seqlens_q, seq_lens, block_table, out, **extra)
+
+
+@dense_attention.register_fake
+def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, out, kv_layout="packed",
+      kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op("flashmsa::insert_kv", mutates_args=("kv_cache", "kv_cache_v"))
+def insert_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+              kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
+              kv_layout: str = "packed", kv_dtype: str = "bf16", k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+    """Write k, v [T, 4, 128] at slot_mapping [T] int64 (negative: skip) into the cache."""
+    extra = _device_args(k)
+    _C.insert_kv(_kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale), k, v,
+                 slot_mapping, **extra)
+
+
+@insert_kv.register_fake
+def _(k, v, slot_mapping, kv_cache, kv_cache_v, kv_layout="packed", kv_dtype="bf16",
+      k_scale=1.0, v_scale=1.0):
+    return None
+
+
+@torch.library.custom_op("flashmsa::insert_index_k", mutates_args=("index_cache",))
+def insert_index_k(index_k: torch.Tensor, slot_mapping: torch.Tensor, index_cache: torch.Tensor,
+                   index_dtype: str = "bf16") -> None:
+    """Write index_k [T, 128] at slot_mapping [T] int64 into the index cache."""
+    extra = _device_args(index_k)
+    _C.insert_index_k(_index_cache(index_cache, index_dtype), index_k, slot_mapping, **extra)
+
+
+@insert_index_k.register_fake
+def _(index_k, slot_mapping, index_cache, index_dtype="bf16"):
+    return None
+
+
+@torch.library.custom_op("flashmsa::produce_qkv_index",
+                         mutates_args=("kv_cache", "kv_cache_v", "index_cache", "q", "index_q"))
+def produce_qkv_index(qkv_index: torch.Tensor, q_norm_weight: torch.Tensor,
+                      k_norm_weight: torch.Tensor, index_q_norm_weight: torch.Tensor,
+                      index_k_norm_weight: torch.Tensor, positions: torch.Tensor,
+                      slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
+                      kv_cache_v: Optional[torch.Tensor], index_cache: torch.Tensor,
+                      q: torch.Tensor, index_q: torch.Tensor, kv_layout: str = "packed",
+                      kv_dtype: str = "bf16", index_dtype: str = "bf16", k_scale: float = 1.0,
+                      v_scale: float = 1.0) -> None:
+    """The fused producer: qkv_index [T, 64*128 + 2*4*128 + 4*128 + 128] bf16 -> Gemma RMSNorm and
+    partial NeoX RoPE -> q [T, 64, 128], index_q [T, 4, 128], k/v/index-k into the caches."""
+    c = _config(16, "ascending", index_dtype, kv_dtype)
+    extra = _device_args(qkv_index)
+    _C.produce_qkv_index(c, qkv_index, q_norm_weight, k_norm_weight, index_q_norm_weight,
+                         index_k_norm_weight, positions, slot_mapping,
+                         _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale),
+                         _index_cache(index_cache, index_dtype), q, index_q, **extra)
+
+
+@produce_qkv_index.register_fake
+def _(qkv_index, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight,
+      positions, slot_mapping, kv_cache, kv_cache_v, index_cache, q, index_q, kv_layout="packed",
+      kv_dtype="bf16", index_dtype="bf16", k_scale=1.0, v_scale=1.0):
     return None

@@ -505,6 +505,11 @@ NB_MODULE(_flashmsa, m) {
         "batch of at most num_requests requests and num_rows rows (the CPU backend needs none). "
         "The index ops' workspace can be the same buffer.");
 
+  m.def("decode_workspace_bytes", &decode_workspace_bytes, nb::arg("config"),
+        nb::arg("max_requests"), nb::arg("max_decode_query_len"), nb::arg("max_blocks"),
+        "Bytes of one device workspace serving a whole decode step (index_decode then "
+        "sparse_attention_decode) for every batch up to these capacities.");
+
   m.def(
       "sparse_attention_decode",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "flashmsa/ops.hpp"
+#include "src/attention_workspace.hpp"
 #include "tests/cpp/attention_checks.hpp"
 #include "tests/cpp/error_message.hpp"
 #include "tests/cpp/scenario.hpp"
@@ -45,6 +46,24 @@ TEST(Attention, Deterministic) {
 
 TEST(Attention, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
   test::check_mxfp8_decode(kCpu);
+}
+
+// The decode plan by capacity: one buffer serves the indexer and the attention of every smaller
+// decode batch (the CUDA ops require exactly these sizes; the GPU graph test runs on such a
+// buffer).
+TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
+  const Config c;
+  const std::int64_t capacity = decode_workspace_bytes(c, 48, 4, 300);
+  for (std::int64_t b = 1; b <= 48; ++b) {
+    for (std::int64_t dql = 1; dql <= 4; ++dql) {
+      for (std::int64_t width : {1, 17, 300}) {
+        EXPECT_GE(capacity, index_workspace_bytes(c, b * dql, b, width)) << b << " " << dql;
+        EXPECT_GE(capacity, detail::attention_decode_layout(b, dql, 64, 4, 128, 64).bytes)
+            << b << " " << dql;
+      }
+    }
+  }
+  EXPECT_GE(attention_workspace_bytes(c, 64, 64), detail::attention_prefill_layout(64).bytes);
 }
 
 TEST(Attention, ArgumentErrors) {
