@@ -9,8 +9,8 @@
 #include "flashmsa/formats.hpp"
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
-#include "src/cuda/cuda_ops.hpp"
 #include "src/attention_workspace.hpp"
+#include "src/cuda/cuda_ops.hpp"
 #include "src/index_workspace.hpp"
 
 namespace flashmsa {
@@ -330,6 +330,23 @@ void check_topk_values(const TensorView& topk, const cpu::RowPlan& plan) {
   }
 }
 
+// The checked mode for CUDA tensors: the batch (and top-k lists) copied to the host after one
+// synchronisation, then the CPU backend's checks.
+void check_device_values(const PrefillBatch& batch, const TensorView* topk, std::int64_t rows,
+                         std::int64_t block, std::int64_t pages, void* stream) {
+  const HostBatch host(batch, stream);
+  const auto plan = cpu::plan_rows(host.prefill, rows, block, pages);
+  check_plan_values(plan, &host.prefill.cu_seqlens_q, rows);
+  if (topk) check_topk_values(HostTensor(*topk, stream).view, plan);
+}
+void check_device_values(const DecodeBatch& batch, const TensorView* topk, std::int64_t rows,
+                         std::int64_t block, std::int64_t pages, void* stream) {
+  const HostBatch host(batch, stream);
+  const auto plan = cpu::plan_rows(host.decode, rows, block, pages);
+  check_plan_values(plan, nullptr, rows);
+  if (topk) check_topk_values(HostTensor(*topk, stream).view, plan);
+}
+
 }  // namespace
 
 std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
@@ -370,10 +387,8 @@ void index_prefill(const Config& config, const TensorView& index_q,
   check_prefill_batch(batch, index_cache.device);
   if (index_cache.device == Device::kCuda) {
     if (options.checked) {
-      const HostBatch host(batch, options.stream);
-      const auto plan =
-          cpu::plan_rows(host.prefill, index_q.shape[0], s.block, index_cache.num_pages);
-      check_plan_values(plan, &host.prefill.cu_seqlens_q, index_q.shape[0]);
+      check_device_values(batch, nullptr, index_q.shape[0], s.block, index_cache.num_pages,
+                          options.stream);
     }
     cuda::index_prefill(config, index_q, index_cache, batch, outputs, options.stream);
     return;
@@ -391,10 +406,8 @@ void index_decode(const Config& config, const TensorView& index_q,
   check_decode_batch(batch, index_cache.device, index_q.shape[0]);
   if (index_cache.device == Device::kCuda) {
     if (options.checked) {
-      const HostBatch host(batch, options.stream);
-      const auto plan =
-          cpu::plan_rows(host.decode, index_q.shape[0], s.block, index_cache.num_pages);
-      check_plan_values(plan, nullptr, index_q.shape[0]);
+      check_device_values(batch, nullptr, index_q.shape[0], s.block, index_cache.num_pages,
+                          options.stream);
     }
     cuda::index_decode(config, index_q, index_cache, batch, outputs, options.stream);
     return;
@@ -413,11 +426,8 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
   check_prefill_batch(batch, kv_cache.device);
   if (kv_cache.device == Device::kCuda) {
     if (options.checked) {
-      const HostBatch host(batch, options.stream);
-      const HostTensor host_topk(topk, options.stream);
-      const auto plan = cpu::plan_rows(host.prefill, q.shape[0], s.block, kv_cache.shape.num_pages);
-      check_plan_values(plan, &host.prefill.cu_seqlens_q, q.shape[0]);
-      check_topk_values(host_topk.view, plan);
+      check_device_values(batch, &topk, q.shape[0], s.block, kv_cache.shape.num_pages,
+                          options.stream);
     }
     cuda::sparse_attention_prefill(config, q, kv_cache, batch, topk, outputs, options.stream);
     return;
@@ -439,11 +449,8 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   check_decode_batch(batch, kv_cache.device, q.shape[0]);
   if (kv_cache.device == Device::kCuda) {
     if (options.checked) {
-      const HostBatch host(batch, options.stream);
-      const HostTensor host_topk(topk, options.stream);
-      const auto plan = cpu::plan_rows(host.decode, q.shape[0], s.block, kv_cache.shape.num_pages);
-      check_plan_values(plan, nullptr, q.shape[0]);
-      check_topk_values(host_topk.view, plan);
+      check_device_values(batch, &topk, q.shape[0], s.block, kv_cache.shape.num_pages,
+                          options.stream);
     }
     cuda::sparse_attention_decode(config, q, kv_cache, batch, topk, outputs, options.stream);
     return;
@@ -465,9 +472,8 @@ void dense_attention(const Config& config, const TensorView& q, const KvCacheVie
   check_prefill_batch(batch, kv_cache.device);
   if (kv_cache.device == Device::kCuda) {
     if (options.checked) {
-      const HostBatch host(batch, options.stream);
-      const auto plan = cpu::plan_rows(host.prefill, q.shape[0], s.block, kv_cache.shape.num_pages);
-      check_plan_values(plan, &host.prefill.cu_seqlens_q, q.shape[0]);
+      check_device_values(batch, nullptr, q.shape[0], s.block, kv_cache.shape.num_pages,
+                          options.stream);
     }
     cuda::dense_attention(config, q, kv_cache, batch, outputs, options.stream);
     return;

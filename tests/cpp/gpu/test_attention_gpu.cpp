@@ -184,6 +184,69 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
+// The whole decode step (indexer, top-k, attention) in one graph on one workspace sized by
+// capacity (decode_workspace_bytes), replayed after the lengths change: the attention equals the
+// oracle over the top-k lists the graph itself produced.
+TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Scenario s = test::make_decode(Config{}, {3000, 700, 0, 1900}, 3, 23);
+  const std::int64_t T = s.num_rows, k = s.config.sparse_topk_blocks;
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(4 * T * k), -5);
+  std::vector<std::uint8_t> out(static_cast<std::size_t>(T * 64 * 128 * 2));
+  std::vector<float> lse(static_cast<std::size_t>(T * 64));
+  const TensorView q = s.q_view(), iq = s.index_q_view();
+  const DecodeBatch batch = s.decode_batch();
+  const TensorView topk_view = TensorView::contiguous(topk.data(), DType::kInt32, {4, T, k});
+  const TensorView out_view = TensorView::contiguous(out.data(), DType::kBf16, {T, 64, 128});
+  const TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFp32, {T, 64});
+  test::DeviceMirror m;
+  for (const TensorView* t : {&q, &iq, &batch.seq_lens, &batch.block_table, &topk_view,
+                              &out_view, &lse_view}) {
+    m.add(*t);
+  }
+  m.add(s.cm->kv_cache());
+  m.add(s.cm->index_cache());
+  m.upload();
+  test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
+      decode_workspace_bytes(s.config, 16, 4, s.max_blocks)));  // capacity: 16 x dql 4
+  const TensorView ws = TensorView::contiguous(workspace.get(), DType::kUint8,
+                                               {static_cast<std::int64_t>(workspace.size())},
+                                               Device::kCuda);
+  const DecodeBatch dev_batch{m.device(batch.seq_lens), m.device(batch.block_table), 3};
+  IndexOutputs index_out{m.device(topk_view)};
+  index_out.workspace = ws;
+  AttentionOutputs attention_out{m.device(out_view), m.device(lse_view)};
+  attention_out.workspace = ws;
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out,
+               {.stream = stream});
+  sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()), dev_batch,
+                          index_out.topk, attention_out, {.stream = stream});
+  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  for (const std::vector<std::int32_t>& lens :
+       {std::vector<std::int32_t>{3000, 700, 0, 1900}, {2200, 0, 0, 1901}}) {
+    SCOPED_TRACE(::testing::Message() << "seq_lens " << lens[0] << ", " << lens[1] << ", "
+                                      << lens[2] << ", " << lens[3]);
+    s.seq_lens = lens;
+    s.rows = ref::decode_rows(s.seq_lens, 3);
+    std::fill(out.begin(), out.end(), 0xFF);
+    std::fill(lse.begin(), lse.end(), 777.0f);
+    m.refresh();
+    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    m.download();
+    test::check_attention_output(s, topk, k, DType::kBf16, out, lse, DType::kBf16);
+  }
+  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
+  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
+  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
+}
+
 TEST(AttentionGpuErrors, WorkspaceAndWidth) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   const Config c;
