@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <numeric>
 #include <random>
@@ -486,6 +487,386 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
   cudaStreamDestroy(stream);
 }
 
+
+// ---- Cache dtypes, the decode grid and end-to-end prefill (issue 9) -------------------------
+
+// Random cache bytes that decode to finite values: E4M3 codes of magnitude <= 8, NVFP4 codes
+// (every nibble is valid) or E4M3 block scales in [0.25, 1).
+enum class ByteFill { kE4m3, kNvfp4Codes, kE4m3Scales };
+
+__global__ void fill_bytes(std::uint8_t* p, std::int64_t n, std::uint32_t seed, ByteFill kind) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+    std::uint8_t b = static_cast<std::uint8_t>(h);
+    if (kind == ByteFill::kE4m3) b = static_cast<std::uint8_t>((b & 0x80u) | ((h >> 8) % 0x50u));
+    if (kind == ByteFill::kE4m3Scales) b = static_cast<std::uint8_t>(0x28u + (h >> 8) % 16u);
+    p[i] = b;
+  }
+}
+
+void fill_bytes(void* p, std::size_t n, std::uint32_t seed, ByteFill kind) {
+  fill_bytes<<<1024, 256>>>(static_cast<std::uint8_t*>(p), static_cast<std::int64_t>(n), seed,
+                            kind);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+struct CacheKind {
+  const char* name;
+  DType kv, index;
+};
+constexpr CacheKind kCacheKinds[] = {{"bf16", DType::kBf16, DType::kBf16},
+                                     {"fp8", DType::kFp8E4m3, DType::kFp8E4m3},
+                                     {"nvfp4", DType::kNvfp4, DType::kNvfp4}};
+
+Config config_for(const CacheKind& kind) {
+  Config c = m3();
+  c.kv_cache_dtype = kind.kv;
+  c.set_index_cache_dtype(kind.index);
+  return c;
+}
+
+// Bytes of one token's K and V rows of one kv head, and of one token's index key.
+std::int64_t kv_token_bytes(DType d) {
+  return d == DType::kBf16 ? 512 : d == DType::kNvfp4 ? 2 * (64 + 8) : 256;
+}
+std::int64_t index_token_bytes(DType d) {
+  return d == DType::kBf16 ? 256 : d == DType::kNvfp4 ? 64 + 8 : 128;
+}
+
+void fill_plane(void* p, std::size_t bytes, DType d, std::uint32_t seed, bool scales) {
+  if (scales) {
+    fill_bytes(p, bytes, seed, ByteFill::kE4m3Scales);
+  } else if (d == DType::kBf16) {
+    fill(static_cast<std::uint16_t*>(p), bytes / 2, seed);
+  } else {
+    fill_bytes(p, bytes, seed, d == DType::kNvfp4 ? ByteFill::kNvfp4Codes : ByteFill::kE4m3);
+  }
+}
+
+// A main cache and an index cache of `pages` pages in `kind`'s dtypes, filled.
+struct Caches {
+  KvCacheShape shape;
+  DeviceArray<std::uint8_t> kv, kv_scales, index, index_scales;
+  KvCacheView kv_view;
+  IndexCacheView index_view;
+  Caches(const CacheKind& kind, std::int64_t pages)
+      : shape{pages, 4, 128, 128},
+        kv(std::size_t(KvCacheView::buffer_bytes(KvLayout::kPacked, kind.kv, shape))),
+        kv_scales(kind.kv == DType::kNvfp4
+                      ? std::size_t(KvCacheView::buffer_bytes(KvLayout::kPacked, kind.kv, shape, true))
+                      : 0),
+        index(std::size_t(IndexCacheView::buffer_bytes(kind.index, pages, 128))),
+        index_scales(kind.index == DType::kNvfp4
+                         ? std::size_t(IndexCacheView::buffer_bytes(kind.index, pages, 128, true))
+                         : 0) {
+    fill_plane(kv.ptr, kv.n, kind.kv, 41, false);
+    fill_plane(index.ptr, index.n, kind.index, 42, false);
+    if (kv_scales.n) fill_plane(kv_scales.ptr, kv_scales.n, kind.kv, 43, true);
+    if (index_scales.n) fill_plane(index_scales.ptr, index_scales.n, kind.index, 44, true);
+    kv_view = KvCacheView::make(KvLayout::kPacked, kind.kv, shape, kv.ptr, nullptr,
+                                flashmsa::Device::kCuda, kv_scales.n ? kv_scales.ptr : nullptr);
+    index_view = IndexCacheView::make(kind.index, pages, 128, index.ptr, flashmsa::Device::kCuda,
+                                      index_scales.n ? index_scales.ptr : nullptr);
+  }
+};
+
+// Index queries [rows, 4, 128]: bf16, or E4M3 for the fp8 indexer. Coherent: the rows of each
+// aligned 64-row tile share most of their query (a tile draw plus a quarter-weight row draw), as
+// neighbouring tokens' index queries do in real models; else i.i.d.
+__global__ void index_queries_bf16(std::uint16_t* p, std::int64_t rows, bool coherent) {
+  const std::int64_t n = rows * 4 * 128;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    auto draw = [](std::uint64_t key) {
+      std::uint32_t h = static_cast<std::uint32_t>(key * 0x9E3779B97F4A7C15ull >> 32);
+      h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+      return ((static_cast<float>(h & 0xFFFFFF) + 0.5f) / 16777216.0f - 0.5f) * 3.4641016f;
+    };
+    const std::int64_t row = i / 512, rest = i % 512;
+    float x = draw(static_cast<std::uint64_t>(i) + 7);
+    if (coherent) x = draw((static_cast<std::uint64_t>(row / 64) << 20) + rest + 99) + 0.25f * x;
+    const __nv_bfloat16 b = __float2bfloat16(x);
+    p[i] = *reinterpret_cast<const std::uint16_t*>(&b);
+  }
+}
+
+// Per-step time of the decode step (graph) and of its two halves, for `requests` x `len` with
+// `dql` query rows per request in `kind`'s caches; the bytes are those that must be read.
+struct DecodeTimes {
+  Stat step, indexer, attention;
+  std::int64_t step_bytes = 0, attention_bytes = 0;
+};
+
+DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_t len, int dql) {
+  const Config c = config_for(kind);
+  const std::int64_t max_blocks = (len + 127) / 128, rows = requests * dql;
+  const std::int64_t index_bytes = requests * len * index_token_bytes(kind.index);
+  const std::int64_t guess = index_bytes + requests * 4 * 16 * 128 * kv_token_bytes(kind.kv);
+  const std::int64_t rotations = std::max<std::int64_t>(1, (150 << 20) / guess + 1);
+  const std::int64_t pages = requests * max_blocks * rotations;
+  Caches caches(kind, pages);
+  const DeviceArray<std::int32_t> table(IndexBatch::table(requests, max_blocks, rotations));
+  const DeviceArray<std::int32_t> lens(std::vector<std::int32_t>(std::size_t(requests),
+                                                                 static_cast<std::int32_t>(len)));
+  DeviceArray<std::uint16_t> q(std::size_t(rows) * 64 * 128), out(std::size_t(rows) * 64 * 128),
+      iq(std::size_t(rows) * 4 * 128);
+  fill(q.ptr, q.n, 51);
+  const bool fp8_index = c.indexer_kv_dtype == "fp8";
+  if (fp8_index) {
+    fill_bytes(iq.ptr, std::size_t(rows) * 4 * 128, 52, ByteFill::kE4m3);
+  } else {
+    fill(iq.ptr, iq.n, 52);
+  }
+  DeviceArray<std::int32_t> topk(std::size_t(4 * rows * 16));
+  DeviceArray<std::uint8_t> ws(std::size_t(decode_workspace_bytes(c, requests, dql, max_blocks)));
+  const TensorView wsv = device_view(ws.ptr, DType::kUint8, {std::int64_t(ws.n)});
+  const TensorView qv = device_view(q.ptr, DType::kBf16, {rows, 64, 128});
+  const TensorView iqv = device_view(iq.ptr, fp8_index ? DType::kFp8E4m3 : DType::kBf16,
+                                     {rows, 4, 128});
+  const TensorView tk = device_view(topk.ptr, DType::kInt32, {4, rows, 16});
+  const TensorView seq = device_view(lens.ptr, DType::kInt32, {requests});
+  IndexOutputs io{tk};
+  io.workspace = wsv;
+  AttentionOutputs ao{device_view(out.ptr, DType::kBf16, {rows, 64, 128})};
+  ao.workspace = wsv;
+  cudaStream_t stream;
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  std::vector<cudaGraphExec_t> graphs[3];  // step, indexer, attention
+  for (std::int64_t r = 0; r < rotations; ++r) {
+    const DecodeBatch batch{
+        seq, device_view(table.ptr + r * requests * max_blocks, DType::kInt32, {requests, max_blocks}),
+        dql};
+    for (int part = 0; part < 3; ++part) {
+      cudaGraph_t g;
+      cudaGraphExec_t e;
+      FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+      if (part != 2) index_decode(c, iqv, caches.index_view, batch, io, {.stream = stream});
+      if (part != 1) {
+        sparse_attention_decode(c, qv, caches.kv_view, batch, tk, ao, {.stream = stream});
+      }
+      FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+      FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
+      cudaGraphDestroy(g);
+      graphs[part].push_back(e);
+    }
+  }
+  DecodeTimes t;
+  t.step = time_graphs(graphs[0], stream);  // also leaves valid top-k lists
+  t.indexer = time_graphs(graphs[1], stream);
+  t.attention = time_graphs(graphs[2], stream);
+  std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
+  std::int64_t distinct = 0;
+  for (std::int64_t h = 0; h < 4; ++h) {
+    for (std::int64_t r = 0; r < requests; ++r) {
+      std::vector<std::int32_t> u;
+      for (std::int64_t i = (h * rows + r * dql) * 16; i < (h * rows + (r + 1) * dql) * 16; ++i) {
+        if (ids[i] >= 0) u.push_back(ids[i]);
+      }
+      std::sort(u.begin(), u.end());
+      distinct += std::unique(u.begin(), u.end()) - u.begin();
+    }
+  }
+  const std::int64_t q_bytes = rows * 64 * 128 * 2;
+  t.attention_bytes = distinct * 128 * kv_token_bytes(kind.kv) + q_bytes;
+  t.step_bytes = index_bytes + t.attention_bytes + rows * 4 * 128 * (fp8_index ? 1 : 2);
+  for (auto& list : graphs) {
+    for (auto e : list) cudaGraphExecDestroy(e);
+  }
+  cudaStreamDestroy(stream);
+  return t;
+}
+
+// The decode grid: batch x context x query length x cache dtype, skipping what does not fit.
+void decode_grid() {
+  for (const CacheKind& kind : kCacheKinds) {
+    for (std::int64_t b : {1, 8, 32, 64, 128}) {
+      for (std::int64_t len : {8192, 32768, 131072, 524288}) {
+        const std::int64_t token_bytes = 4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
+        if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
+        for (int dql : {1, 4}) {
+          const DecodeTimes t = run_decode(kind, b, len, dql);
+          char name[160];
+          std::snprintf(name, sizeof name, "decode grid %s %lldx%lldK dql%d", kind.name,
+                        static_cast<long long>(b), static_cast<long long>(len / 1024), dql);
+          const double step = t.step_bytes / t.step.median_s / 1e12;
+          report(std::string(name) + ": step", step, "TB/s", step / g_hbm_tbps, t.step);
+          report(std::string(name) + ": indexer (score + top-k)",
+                 (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12, "TB/s",
+                 (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12 / g_hbm_tbps,
+                 t.indexer);
+          report(std::string(name) + ": attention", t.attention_bytes / t.attention.median_s / 1e12,
+                 "TB/s", t.attention_bytes / t.attention.median_s / 1e12 / g_hbm_tbps, t.attention);
+        }
+      }
+    }
+  }
+}
+
+// One prefill call end to end (indexer + top-k, then sparse attention) over requests of
+// (prefix, query) tokens, bf16 caches; index queries coherent or i.i.d.
+struct PrefillResult {
+  Stat indexer, attention;
+  double indexer_flops = 0, attention_flops = 0, pages_per_tile = 0;
+};
+
+PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
+                          const std::vector<std::int64_t>& query, bool coherent, int reps) {
+  const Config c = m3();
+  const std::int64_t B = static_cast<std::int64_t>(query.size());
+  std::int64_t rows = 0, max_blocks = 1, pages = 0;
+  std::vector<std::int32_t> cu{0}, lens;
+  for (std::int64_t r = 0; r < B; ++r) {
+    rows += query[r];
+    cu.push_back(static_cast<std::int32_t>(rows));
+    lens.push_back(static_cast<std::int32_t>(prefix[r] + query[r]));
+    max_blocks = std::max<std::int64_t>(max_blocks, (lens.back() + 127) / 128);
+  }
+  std::vector<std::int32_t> table(std::size_t(B * max_blocks), -1);
+  for (std::int64_t r = 0; r < B; ++r) {  // each request's pages scattered (descending)
+    const std::int64_t n = (lens[r] + 127) / 128;
+    for (std::int64_t b = 0; b < n; ++b) table[r * max_blocks + b] = static_cast<std::int32_t>(pages + n - 1 - b);
+    pages += n;
+  }
+  Caches caches(kCacheKinds[0], std::max<std::int64_t>(pages, 1));
+  const DeviceArray<std::int32_t> table_d(table), cu_d(cu), lens_d(lens);
+  DeviceArray<std::uint16_t> q(std::size_t(rows) * 64 * 128), out(q.n), iq(std::size_t(rows) * 4 * 128);
+  fill(q.ptr, q.n, 61);
+  index_queries_bf16<<<1024, 256>>>(iq.ptr, rows, coherent);
+  FLASHMSA_CHECK_LAUNCH();
+  DeviceArray<std::int32_t> topk(std::size_t(4 * rows * 16));
+  DeviceArray<std::uint8_t> ws(std::size_t(std::max(index_workspace_bytes(c, rows, B, max_blocks),
+                                                    attention_workspace_bytes(c, rows, B))));
+  const TensorView wsv = device_view(ws.ptr, DType::kUint8, {std::int64_t(ws.n)});
+  const PrefillBatch batch{device_view(cu_d.ptr, DType::kInt32, {B + 1}),
+                           device_view(lens_d.ptr, DType::kInt32, {B}),
+                           device_view(table_d.ptr, DType::kInt32, {B, max_blocks})};
+  IndexOutputs io{device_view(topk.ptr, DType::kInt32, {4, rows, 16})};
+  io.workspace = wsv;
+  AttentionOutputs ao{device_view(out.ptr, DType::kBf16, {rows, 64, 128})};
+  ao.workspace = wsv;
+  const TensorView iqv = device_view(iq.ptr, DType::kBf16, {rows, 4, 128});
+  const TensorView qv = device_view(q.ptr, DType::kBf16, {rows, 64, 128});
+  PrefillResult res;
+  res.indexer = time_it([&](int) { index_prefill(c, iqv, caches.index_view, batch, io); }, reps, 1);
+  res.attention = time_it(
+      [&](int) { sparse_attention_prefill(c, qv, caches.kv_view, batch, io.topk, ao); }, reps, 1);
+  // Useful FLOPs from the selections the indexer made.
+  std::vector<std::int32_t> ids(topk.n);
+  FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
+  double keys = 0, distinct = 0, tiles = 0;
+  for (std::int64_t r = 0; r < B; ++r) {
+    for (std::int64_t t = cu[r]; t < cu[r + 1]; ++t) {
+      const std::int64_t pos = prefix[r] + (t - cu[r]);
+      res.indexer_flops += 2.0 * 128 * 4 * static_cast<double>(pos + 1);
+      for (std::int64_t h = 0; h < 4; ++h) {
+        for (int i = 0; i < 16; ++i) {
+          const std::int32_t b = ids[(h * rows + t) * 16 + i];
+          if (b >= 0) keys += static_cast<double>(std::min<std::int64_t>(128, pos - b * 128 + 1));
+        }
+      }
+    }
+    for (std::int64_t h = 0; h < 4; ++h) {
+      for (std::int64_t t0 = cu[r]; t0 < cu[r + 1]; t0 += 64, ++tiles) {
+        std::vector<std::int32_t> u;
+        for (std::int64_t t = t0; t < std::min<std::int64_t>(cu[r + 1], t0 + 64); ++t) {
+          for (int i = 0; i < 16; ++i) {
+            if (ids[(h * rows + t) * 16 + i] >= 0) u.push_back(ids[(h * rows + t) * 16 + i]);
+          }
+        }
+        std::sort(u.begin(), u.end());
+        distinct += static_cast<double>(std::unique(u.begin(), u.end()) - u.begin());
+      }
+    }
+  }
+  res.attention_flops = 4.0 * 128 * 16 * keys;
+  res.pages_per_tile = tiles > 0 ? distinct / tiles : 0;
+  return res;
+}
+
+void report_prefill(const std::string& name, const PrefillResult& r) {
+  const double it = r.indexer_flops / r.indexer.median_s / 1e12;
+  const double at = r.attention_flops / r.attention.median_s / 1e12;
+  char pages[64];
+  std::snprintf(pages, sizeof pages, " (%.1f pages/64 rows)", r.pages_per_tile);
+  report(name + ": indexer", it, "TFLOP/s", it / g_gemm_tflops, r.indexer);
+  report(name + ": attention" + pages, at, "TFLOP/s", at / g_gemm_tflops, r.attention);
+  const Stat e2e{r.indexer.median_s + r.attention.median_s,
+                 std::max(r.indexer.cv, r.attention.cv)};
+  const double total = (r.indexer_flops + r.attention_flops) / e2e.median_s / 1e12;
+  report(name + ": end to end", total, "TFLOP/s", total / g_gemm_tflops, e2e);
+}
+
+// Single requests of 8K / 32K / 128K and a chunked prefill (128K prefix + 8K chunk), with
+// coherent and i.i.d. index queries.
+void prefill_end_to_end() {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes{
+      {0, 8192}, {0, 32768}, {0, 131072}, {131072, 8192}};
+  for (auto [prefix, query] : shapes) {
+    for (bool coherent : {true, false}) {
+      char name[128];
+      std::snprintf(name, sizeof name, "prefill %lldK + %lldK, %s", static_cast<long long>(prefix / 1024),
+                    static_cast<long long>(query / 1024), coherent ? "coherent" : "random");
+      report_prefill(name, run_prefill({prefix}, {query}, coherent, 3));
+    }
+  }
+}
+
+// The production prefill case set (bench/data): every case, and the weighted aggregate of the
+// `representative` ones (weighted mean time and useful TFLOP/s, README of the data).
+std::vector<std::int64_t> json_ints(const std::string& line, const std::string& key) {
+  std::vector<std::int64_t> v;
+  const std::size_t at = line.find("\"" + key + "\":[");
+  if (at == std::string::npos) return v;
+  std::size_t i = at + key.size() + 4;
+  while (i < line.size() && line[i] != ']') {
+    std::size_t used = 0;
+    v.push_back(std::stoll(line.substr(i), &used));
+    i += used;
+    if (line[i] == ',') ++i;
+  }
+  return v;
+}
+
+void production_cases(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot read the case set " + path);
+  double weight_sum = 0, weighted_time = 0, weighted_flops = 0, weighted_upstream = 0;
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    const auto query = json_ints(line, "query_lens"), prefix = json_ints(line, "prefix_lens");
+    const std::size_t id_at = line.find("\"case_id\":\"") + 11;
+    const std::string id = line.substr(id_at, line.find('"', id_at) - id_at);
+    const std::size_t w_at = line.find("\"representative_weight\":") + 24;
+    const double weight = line.compare(w_at, 4, "null") == 0 ? 0 : std::stod(line.substr(w_at));
+    // The data set's own convention: 2 * 128 * 128 per (query token, complete visible page).
+    const double upstream_flops =
+        std::stod(line.substr(line.find("\"useful_flops\":") + 15));
+    const PrefillResult r = run_prefill(prefix, query, true, 3);
+    report_prefill("case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : ""), r);
+    if (weight > 0) {
+      const double t = r.indexer.median_s + r.attention.median_s;
+      weight_sum += weight;
+      weighted_time += weight * t;
+      weighted_flops += weight * (r.indexer_flops + r.attention_flops);
+      weighted_upstream += weight * upstream_flops;
+    }
+    ++n;
+  }
+  const Stat mean{weighted_time / weight_sum, 0};  // production-weighted mean time per call
+  const double ours = weighted_flops / weighted_time / 1e12;
+  const double upstream = weighted_upstream / weighted_time / 1e12;
+  const std::string name = "production prefill set (" + std::to_string(n) + " cases): weighted";
+  report(name + " useful TFLOP/s, data set's definition", upstream, "TFLOP/s",
+         upstream / g_gemm_tflops, mean);
+  report(name + " TFLOP/s, indexer + attention FLOPs", ours, "TFLOP/s", ours / g_gemm_tflops,
+         mean);
+}
+
 void write_json(const char* path) {
   FILE* f = std::fopen(path, "w");
   if (!f) throw std::runtime_error(std::string("cannot write ") + path);
@@ -510,13 +891,16 @@ void write_json(const char* path) {
 int main(int argc, char** argv) {
   const char* json = nullptr;
   std::string filter;  // run only the cases whose key contains it
+  std::string cases_path = "bench/data/msa_prefill_benchmark_v1.jsonl";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
       json = argv[++i];
     } else if (std::strcmp(argv[i], "--filter") == 0 && i + 1 < argc) {
       filter = argv[++i];
+    } else if (std::strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
+      cases_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING]\n");
+      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]\n");
       return 2;
     }
   }
@@ -541,6 +925,9 @@ int main(int argc, char** argv) {
       {"decode step 128x32K", [] { decode_step(128, 32768, 1); }},
       {"decode step 1x8K", [] { decode_step(1, 8192, 1); }},
       {"decode step 64x32K dql4", [] { decode_step(64, 32768, 4); }},
+      {"decode grid", decode_grid},
+      {"prefill end to end", prefill_end_to_end},
+      {"production prefill set", [&] { production_cases(cases_path); }},
   };
   try {
     for (const auto& [key, run] : cases) {

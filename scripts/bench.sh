@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# The benchmark command (bench/README.md). With a usable sm_90 GPU: builds, runs
+# flashmsa_cuda_bench (ceilings, indexer, attention, decode grid, prefill end to end, the
+# production case set) and the torch SDPA baseline, writes bench/results/{cuda,sdpa}.{json,txt}
+# and, where matplotlib is installed, PNG plots. Without one: the CPU backend's benchmark
+# (bench/results/cpu.{json,txt}).
+#   scripts/bench.sh [--filter SUBSTRING]   # --filter narrows the CUDA cases
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+results=bench/results
+mkdir -p "$results"
+revision=$(git rev-parse HEAD 2>/dev/null || echo "unknown (not a git checkout)")
+
+cmake -S . -B build-gpu -G Ninja >/dev/null
+cmake --build build-gpu -j"$(nproc)" --target flashmsa_cpu_bench $(
+  [ -x "$(command -v nvcc || true)" ] && echo flashmsa_cuda_bench) >/dev/null
+if [ -x build-gpu/bench/flashmsa_cuda_bench ] && nvidia-smi >/dev/null 2>&1; then
+  build-gpu/bench/flashmsa_cuda_bench --json "$results/cuda.json" "$@" | tee "$results/cuda.txt"
+  if python3 -c "import torch; assert torch.cuda.is_available()" 2>/dev/null; then
+    python3 bench/sdpa_baseline.py --json "$results/sdpa.json" | tee "$results/sdpa.txt"
+  else
+    echo "bench.sh: no torch with CUDA here: no SDPA baseline"
+  fi
+  python3 bench/plot.py "$results" || true
+  kind=cuda
+else
+  build-gpu/bench/flashmsa_cpu_bench --tokens 8192 --json "$results/cpu.json" | tee "$results/cpu.txt"
+  kind=cpu
+fi
+printf 'command: scripts/bench.sh %s\nrevision: %s\nbackend: %s\ndate: %s\n' "$*" "$revision" \
+  "$kind" "$(date -u +%FT%TZ)" >"$results/$kind.command.txt"
