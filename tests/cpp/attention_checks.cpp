@@ -60,7 +60,7 @@ AttentionCall base_call(const Scenario& s, Kind kind) {
                                             : AttentionCall::Op::kPrefill;
   call.config = s.config;
   call.q = s.q_view();
-  call.kv = s.cm->kv_cache();
+  call.kv = s.kv();
   call.prefill = s.prefill_batch();
   if (s.decode_query_len) call.decode = s.decode_batch();
   return call;
@@ -128,7 +128,7 @@ void check_against_oracle(const Scenario& s, const AttnRun& run,
       const auto blocks = blocks_of(s, topk, width, head / group, t);
       const ref::AttentionRow want =
           ref::attention(s.config, s.q_row(t, head), head / group, s.rows.position[t],
-                         s.rows.request[t], blocks, s.cm->kv_cache(), s.table(), probabilities);
+                         s.rows.request[t], blocks, s.kv(), s.table(), probabilities);
       const float got_lse = run.lse[t * hq + head];
       if (std::isinf(want.lse)) {  // empty: exact zeros and -inf
         ++empty_rows;
@@ -212,13 +212,19 @@ std::vector<AttnCase> attention_cases() {
       {"e5m2_packed_bf16", DType::kFp8E5m2, KvLayout::kPacked, DType::kBf16},
       {"nvfp4_packed_bf16", DType::kNvfp4, KvLayout::kPacked, DType::kBf16},
       {"nvfp4_separate_fp32", DType::kNvfp4, KvLayout::kSeparate, DType::kFp32},
+      {"e4m3_scaled_token_major_bf16", DType::kFp8E4m3, KvLayout::kTokenMajor, DType::kBf16, 0.5f,
+       3.0f},
+      {"e5m2_scaled_separate_fp16", DType::kFp8E5m2, KvLayout::kSeparate, DType::kFp16, 2.0f,
+       0.25f},
   };
 }
 
 void check_sparse_prefill(const AttnCase& ac, const AttentionBackend& b, Config base) {
   Config c = base;
   c.kv_cache_dtype = ac.kv_dtype;
-  const Scenario s = make_prefill(c, kGrid, 61, ac.layout);
+  Scenario s = make_prefill(c, kGrid, 61, ac.layout);
+  s.k_scale = ac.k_scale;
+  s.v_scale = ac.v_scale;
   const auto topk = indexer_topk(s);
   const AttnRun run = run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
   check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
@@ -230,7 +236,9 @@ void check_sparse_decode(const AttnCase& ac, const AttentionBackend& b, std::vec
   c.kv_cache_dtype = ac.kv_dtype;
   for (int q : dqls) {
     SCOPED_TRACE(::testing::Message() << "decode_query_len " << q);
-    const Scenario s = make_decode(c, {2049, 0, 1, 300, 17 * 128 + 5}, q, 70 + q, ac.layout);
+    Scenario s = make_decode(c, {2049, 0, 1, 300, 17 * 128 + 5}, q, 70 + q, ac.layout);
+    s.k_scale = ac.k_scale;
+    s.v_scale = ac.v_scale;
     const auto topk = indexer_topk(s);
     const AttnRun run =
         run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);

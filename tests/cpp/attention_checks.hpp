@@ -53,11 +53,12 @@ struct AttnCase {
   DType kv_dtype;
   KvLayout layout;
   DType out_dtype;
+  float k_scale = 1.0f, v_scale = 1.0f;  // fp8 dequantization scales of the main cache
 };
 inline void PrintTo(const AttnCase& c, std::ostream* os) {
   *os << c.name;
 }
-// Every cache dtype and layout, bf16 / fp16 / fp32 outputs.
+// Every cache dtype and layout, bf16 / fp16 / fp32 outputs, fp8 with scales.
 std::vector<AttnCase> attention_cases();
 
 // Prefill edge grid with the indexer's selection, against the oracle (`base`: heads, top-k).

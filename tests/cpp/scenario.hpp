@@ -27,11 +27,19 @@ struct Scenario {
   std::vector<std::uint16_t> q;       // [T, Hq, D] bf16
   std::vector<std::uint8_t> index_q;  // [T, Hidx, Di] bf16 (2 bytes each) or e4m3
   std::vector<double> q_values, index_q_values;
+  // Per-tensor fp8 dequantization scales the ops and the oracle read the main cache with.
+  float k_scale = 1.0f, v_scale = 1.0f;
 
   DType index_q_dtype() const {
     return config.indexer_kv_dtype == "fp8" ? DType::kFp8E4m3 : DType::kBf16;
   }
   ref::Table table() const { return {&block_table, max_blocks, cm->num_pages()}; }
+  KvCacheView kv() const {
+    KvCacheView v = cm->kv_cache();
+    v.k_scale = k_scale;
+    v.v_scale = v_scale;
+    return v;
+  }
   TensorView q_view() const;
   TensorView index_q_view() const;
   PrefillBatch prefill_batch() const;
