@@ -100,65 +100,76 @@ def _(index_q, index_cache, seq_lens, block_table, decode_query_len=1, topk=16,
     return index_q.new_empty((4, index_q.shape[0], topk), dtype=torch.int32)
 
 
-@torch.library.custom_op("flashmsa::sparse_attention_prefill", mutates_args=("out",))
+@torch.library.custom_op("flashmsa::sparse_attention_prefill", mutates_args=("out", "lse"))
 def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                              kv_cache_v: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor,
                              seq_lens: torch.Tensor, block_table: torch.Tensor,
                              topk: torch.Tensor, out: torch.Tensor, kv_layout: str = "packed",
                              kv_dtype: str = "bf16", k_scale: float = 1.0,
-                             v_scale: float = 1.0) -> None:
-    """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out."""
+                             v_scale: float = 1.0, lse: Optional[torch.Tensor] = None) -> None:
+    """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out [T, 64, 128]
+    (and the natural-log log-sum-exp into lse [T, 64] fp32 when given)."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
     extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
     _C.sparse_attention_prefill(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                 k_scale, v_scale),
-                                cu_seqlens_q, seq_lens, block_table, topk, out, **extra)
+                                cu_seqlens_q, seq_lens, block_table, topk, out, lse=lse, **extra)
 
 
 @sparse_attention_prefill.register_fake
 def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out,
-      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None):
     return None
 
 
-@torch.library.custom_op("flashmsa::sparse_attention_decode", mutates_args=("out",))
+@torch.library.custom_op("flashmsa::sparse_attention_decode",
+                         mutates_args=("out", "lse", "mxfp8_scales"))
 def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
                             kv_cache_v: Optional[torch.Tensor], seq_lens: torch.Tensor,
                             block_table: torch.Tensor, topk: torch.Tensor, out: torch.Tensor,
                             decode_query_len: int = 1, kv_layout: str = "packed",
                             kv_dtype: str = "bf16", k_scale: float = 1.0,
-                            v_scale: float = 1.0) -> None:
-    """Decode attention of q [B * decode_query_len, 64, 128] into out."""
+                            v_scale: float = 1.0, lse: Optional[torch.Tensor] = None,
+                            mxfp8_scales: Optional[torch.Tensor] = None,
+                            scale_layout: str = "row_major") -> None:
+    """Decode attention of q [B * decode_query_len, 64, 128] into out [T, 64, 128]; with
+    mxfp8_scales, out is uint8 [T, 64 * 128] E4M3 codes and mxfp8_scales the E8M0 scales
+    (uint8 [T, 256] row-major, or the 128x4-swizzled buffer with scale_layout="swizzled"),
+    bit-identical to quantizing the bf16 output. lse [T, 64] fp32 when given."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
     extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
     _C.sparse_attention_decode(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                k_scale, v_scale),
                                seq_lens, block_table, topk, out,
-                               decode_query_len=decode_query_len, **extra)
+                               decode_query_len=decode_query_len, lse=lse,
+                               mxfp8_scales=mxfp8_scales, scale_layout=scale_layout, **extra)
 
 
 @sparse_attention_decode.register_fake
 def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, decode_query_len=1,
-      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None,
+      mxfp8_scales=None, scale_layout="row_major"):
     return None
 
 
-@torch.library.custom_op("flashmsa::dense_attention", mutates_args=("out",))
+@torch.library.custom_op("flashmsa::dense_attention", mutates_args=("out", "lse"))
 def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                     out: torch.Tensor, kv_layout: str = "packed", kv_dtype: str = "bf16",
-                    k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache."""
+                    k_scale: float = 1.0, v_scale: float = 1.0,
+                    lse: Optional[torch.Tensor] = None) -> None:
+    """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache, into
+    out (and lse [T, 64] fp32 when given)."""
     c = _config(16, "ascending", "bf16", kv_dtype)
     extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
     _C.dense_attention(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale,
                                        v_scale),
-                       cu_seqlens_q, seq_lens, block_table, out, **extra)
+                       cu_seqlens_q, seq_lens, block_table, out, lse=lse, **extra)
 
 
 @dense_attention.register_fake
 def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, out, kv_layout="packed",
-      kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+      kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None):
     return None
 
 

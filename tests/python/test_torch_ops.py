@@ -268,3 +268,60 @@ def test_producer_op_on_cuda_matches_the_cpu_within_one_ulp():
     assert torch.equal(gpu[0][..., D:].cpu(), cpu[0][..., D:])
     for got, want in zip(gpu, cpu):
         torch.testing.assert_close(got.cpu().float(), want.float(), rtol=2 ** -7, atol=2 ** -7)
+
+
+def run_decode_outputs(kv, index, lens, table, q, iq, layout):
+    """bf16 output + lse, and the MXFP8 output of the same decode call, through the torch ops."""
+    dql, rows = 2, 4
+    topk = torch.ops.flashmsa.index_decode(iq[:rows], index, lens, table, dql)
+    out = torch.empty_like(q[:rows])
+    lse = torch.full((rows, 64), 777.0, device=q.device)
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, out, dql,
+                                               lse=lse)
+    codes = torch.full((rows, 64 * D), 0xAA, dtype=torch.uint8, device=q.device)
+    scale_bytes = rows * 256 if layout == "row_major" else 128 * 256
+    scales = torch.full((scale_bytes,), 0xAA, dtype=torch.uint8, device=q.device)
+    scales_arg = scales.view(rows, 256) if layout == "row_major" else scales
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, codes, dql,
+                                               mxfp8_scales=scales_arg, scale_layout=layout)
+    return topk, out, lse, codes, scales
+
+
+@pytest.mark.parametrize("layout", ["row_major", "swizzled"])
+def test_decode_op_lse_and_mxfp8_equal_the_direct_call(layout):
+    kv, index, _, lens, table, q, iq = make_inputs(12)
+    topk, out, lse, codes, scales = run_decode_outputs(kv, index, lens, table, q, iq, layout)
+    config, cache = flashmsa.Config(), flashmsa.kv_cache("packed", "bf16", kv)
+    want_out, want_lse = torch.empty_like(out), torch.empty_like(lse)
+    flashmsa.sparse_attention_decode(config, q[:4], cache, lens, table, topk, want_out, 2,
+                                     lse=want_lse)
+    assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
+    want_codes, want_scales = torch.empty_like(codes), torch.full_like(scales, 0xAA)
+    flashmsa.sparse_attention_decode(
+        config, q[:4], cache, lens, table, topk, want_codes, 2,
+        mxfp8_scales=want_scales.view(4, 256) if layout == "row_major" else want_scales,
+        scale_layout=layout)
+    assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
+    torch.library.opcheck(torch.ops.flashmsa.sparse_attention_decode.default,
+                          (q[:4], kv, None, lens, table, topk, codes, 2),
+                          {"mxfp8_scales": scales.view(4, 256) if layout == "row_major" else scales,
+                           "scale_layout": layout},
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@requires_cuda
+def test_decode_op_lse_and_mxfp8_on_cuda_match_the_cpu():
+    inputs = make_inputs(13)
+    picks = (0, 1, 3, 4, 5, 6)  # kv, index, lens, table, q, iq
+    cpu = run_decode_outputs(*[inputs[i] for i in picks], "row_major")
+    topk, out, lse, codes, scales = run_decode_outputs(*[inputs[i].cuda() for i in picks],
+                                                       "row_major")
+    assert torch.equal(topk.cpu(), cpu[0])  # same selections
+    assert_attention_close(out, cpu[1])
+    torch.testing.assert_close(lse.cpu(), cpu[2], rtol=0, atol=1e-4)  # fp32 sums, other order
+    # The MXFP8 codes decode to the GPU's own bf16 output within E4M3 rounding: half an ulp
+    # (2^-4 relative) for normal codes, half the subnormal step (2^-10 of the group scale) below.
+    x = out.float().reshape(4, 64 * D).cpu()
+    scale = torch.pow(2.0, scales.view(4, 256).cpu().float() - 127).repeat_interleave(32, dim=1)
+    decoded = codes.cpu().view(torch.float8_e4m3fn).float() * scale
+    assert torch.all((decoded - x).abs() <= x.abs() * 2 ** -4 + scale * 2 ** -10)
