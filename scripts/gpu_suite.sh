@@ -10,7 +10,8 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests;
-# GTEST_FILTER in the environment narrows them), --bench (also run the CUDA benchmark).
+# GTEST_FILTER in the environment narrows them), --bench (also run the CUDA benchmark;
+# BENCH_FILTER narrows its cases).
 sanitize=0 quick=0 bench=0
 for arg in "$@"; do
   case $arg in
@@ -77,7 +78,9 @@ if [ $sanitize = 1 ]; then
   done
 fi
 if [ $bench = 1 ]; then
-  run cuda_bench build-gpu/bench/flashmsa_cuda_bench --json "$logs/cuda_bench.json"
+  # BENCH_FILTER in the environment narrows the benchmark cases (flashmsa_cuda_bench --filter).
+  run cuda_bench build-gpu/bench/flashmsa_cuda_bench --json "$logs/cuda_bench.json" \
+    ${BENCH_FILTER:+--filter "$BENCH_FILTER"}
   cat "$logs/cuda_bench.log"
 fi
 grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log 2>/dev/null || true
