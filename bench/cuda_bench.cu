@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "flashmsa/flashmsa.hpp"
+#include "src/cuda/cuda_ops.hpp"  // index_decode_phases: scoring timed apart from top-k
 
 namespace {
 
@@ -595,7 +596,7 @@ __global__ void index_queries_bf16(std::uint16_t* p, std::int64_t rows, bool coh
 // Per-step time of the decode step (graph) and of its two halves, for `requests` x `len` with
 // `dql` query rows per request in `kind`'s caches; the bytes are those that must be read.
 struct DecodeTimes {
-  Stat step, indexer, attention;
+  Stat step, indexer, score, attention;
   std::int64_t step_bytes = 0, attention_bytes = 0;
 };
 
@@ -633,18 +634,23 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   ao.workspace = wsv;
   cudaStream_t stream;
   FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> graphs[3];  // step, indexer, attention
+  std::vector<cudaGraphExec_t> graphs[4];  // step, indexer, attention, indexer scoring only
   for (std::int64_t r = 0; r < rotations; ++r) {
     const DecodeBatch batch{
         seq, device_view(table.ptr + r * requests * max_blocks, DType::kInt32, {requests, max_blocks}),
         dql};
-    for (int part = 0; part < 3; ++part) {
+    for (int part = 0; part < 4; ++part) {
       cudaGraph_t g;
       cudaGraphExec_t e;
       FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      if (part != 2) index_decode(c, iqv, caches.index_view, batch, io, {.stream = stream});
-      if (part != 1) {
+      if (part == 0 || part == 1) {
+        index_decode(c, iqv, caches.index_view, batch, io, {.stream = stream});
+      }
+      if (part == 0 || part == 2) {
         sparse_attention_decode(c, qv, caches.kv_view, batch, tk, ao, {.stream = stream});
+      }
+      if (part == 3) {
+        flashmsa::cuda::index_decode_phases(c, iqv, caches.index_view, batch, io, stream, false);
       }
       FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
       FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
@@ -656,6 +662,7 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   t.step = time_graphs(graphs[0], stream);  // also leaves valid top-k lists
   t.indexer = time_graphs(graphs[1], stream);
   t.attention = time_graphs(graphs[2], stream);
+  t.score = time_graphs(graphs[3], stream);
   std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
   FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
   std::int64_t distinct = 0;
@@ -679,7 +686,12 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   return t;
 }
 
+double index_bytes(const CacheKind& kind, std::int64_t requests, std::int64_t len) {
+  return static_cast<double>(requests * len * index_token_bytes(kind.index));
+}
+
 // The decode grid: batch x context x query length x cache dtype, skipping what does not fit.
+// The top-k row's "fraction" is its share of the step time.
 void decode_grid() {
   for (const CacheKind& kind : kCacheKinds) {
     for (std::int64_t b : {1, 8, 32, 64, 128}) {
@@ -697,6 +709,12 @@ void decode_grid() {
                  (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12, "TB/s",
                  (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12 / g_hbm_tbps,
                  t.indexer);
+          report(std::string(name) + ": indexer scoring", index_bytes(kind, b, len) / t.score.median_s / 1e12,
+                 "TB/s", index_bytes(kind, b, len) / t.score.median_s / 1e12 / g_hbm_tbps, t.score);
+          // Top-k: the indexer's time less its scoring; as a share of the step.
+          const Stat topk{t.indexer.median_s - t.score.median_s, t.indexer.cv};
+          report(std::string(name) + ": top-k (indexer - scoring)", topk.median_s * 1e6, "us",
+                 topk.median_s / t.step.median_s, topk);
           report(std::string(name) + ": attention", t.attention_bytes / t.attention.median_s / 1e12,
                  "TB/s", t.attention_bytes / t.attention.median_s / 1e12 / g_hbm_tbps, t.attention);
         }

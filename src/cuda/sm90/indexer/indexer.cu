@@ -185,6 +185,12 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
 
 void index_decode(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                   const DecodeBatch& batch, const IndexOutputs& out, void* stream) {
+  index_decode_phases(config, index_q, cache, batch, out, stream, true);
+}
+
+void index_decode_phases(const Config& config, const TensorView& index_q,
+                         const IndexCacheView& cache, const DecodeBatch& batch,
+                         const IndexOutputs& out, void* stream, bool select) {
   const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
   Launch l = common_setup(config, index_q, cache, batch.block_table, num_requests, out, stream);
   const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
@@ -224,7 +230,7 @@ void index_decode(const Config& config, const TensorView& index_q, const IndexCa
                                                     l.stream);
       }
     }
-    launch_topk(l, hkv);
+    if (select) launch_topk(l, hkv);
   }
 }
 
