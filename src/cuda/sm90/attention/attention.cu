@@ -38,14 +38,7 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
       if (lse_s == -INFINITY) continue;
       const float w = __expf(lse_s - m);
       l += w;
-      const auto* src = reinterpret_cast<const float4*>(p.partial_out + vec(s) * 128 + grp * 32);
-      for (int j = 0; j < 8; ++j) {
-        const float4 x = src[j];
-        v[4 * j] += w * x.x;
-        v[4 * j + 1] += w * x.y;
-        v[4 * j + 2] += w * x.z;
-        v[4 * j + 3] += w * x.w;
-      }
+      attention_detail::add_scaled_group(v, p.partial_out + vec(s) * 128 + grp * 32, w);
     }
     for (float& x : v) x /= l;
     lse = m + __logf(l);

@@ -94,6 +94,19 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
   }
 }
 
+// v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
+__device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* src, float w) {
+  const auto* src4 = reinterpret_cast<const float4*>(src);
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float4 x = src4[j];
+    v[4 * j] += w * x.x;
+    v[4 * j + 1] += w * x.y;
+    v[4 * j + 2] += w * x.z;
+    v[4 * j + 3] += w * x.w;
+  }
+}
+
 // Stores 32 consecutive output values (group `grp` of head `hq`'s D = 128) of row t, and the
 // log-sum-exp with group 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
 __device__ inline void store_group(const AttentionStore& s, std::int64_t t, int hq, int grp,
@@ -550,16 +563,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       if (wmax == -INFINITY) continue;
       const float scale = fast_exp2(wmax - m);
       l += scale * part_sum[slot];
-      const float4* src =
-          reinterpret_cast<const float4*>(part_o + slot * Traits::kPartialStride + grp * 32);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const float4 x = src[j];
-        v[4 * j] += scale * x.x;
-        v[4 * j + 1] += scale * x.y;
-        v[4 * j + 2] += scale * x.z;
-        v[4 * j + 3] += scale * x.w;
-      }
+      add_scaled_group(v, part_o + slot * Traits::kPartialStride + grp * 32, scale);
     }
     float lse = -INFINITY;
     // No key: exact zeros (l is 0, v is 0) and a -inf log-sum-exp.
@@ -601,21 +605,16 @@ void launch_attention(const AttentionParams& p, DType cache, DType q, dim3 grid,
       run.template operator()<kFormat, __nv_bfloat16, __nv_bfloat16>();
     }
   };
+  auto native = [&]<class CacheElem>() {
+    if (q == DType::kFp16) {
+      run.template operator()<KvFormat::kNative16, CacheElem, __half>();
+    } else {
+      run.template operator()<KvFormat::kNative16, CacheElem, __nv_bfloat16>();
+    }
+  };
   switch (cache) {
-    case DType::kBf16:
-      if (q == DType::kFp16) {
-        run.template operator()<KvFormat::kNative16, __nv_bfloat16, __half>();
-      } else {
-        run.template operator()<KvFormat::kNative16, __nv_bfloat16, __nv_bfloat16>();
-      }
-      break;
-    case DType::kFp16:
-      if (q == DType::kFp16) {
-        run.template operator()<KvFormat::kNative16, __half, __half>();
-      } else {
-        run.template operator()<KvFormat::kNative16, __half, __nv_bfloat16>();
-      }
-      break;
+    case DType::kBf16: native.template operator()<__nv_bfloat16>(); break;
+    case DType::kFp16: native.template operator()<__half>(); break;
     case DType::kFp8E4m3: by_q.template operator()<KvFormat::kE4m3>(); break;
     case DType::kFp8E5m2: by_q.template operator()<KvFormat::kE5m2>(); break;
     case DType::kNvfp4: by_q.template operator()<KvFormat::kNvfp4>(); break;
