@@ -167,4 +167,24 @@ IndexRun run_cpu_indexer(const Scenario& s, bool checked) {
   return run;
 }
 
+Scenario make_tied_scenario(std::int64_t blocks) {
+  Config c;
+  c.sparse_topk_blocks = 4;
+  c.topk_order = TopkOrder::kScoreDesc;
+  Scenario s = make_prefill(c, {{128 * blocks, 1}}, 9);
+  const IndexCacheView& ix = s.cm->index_cache();
+  for (std::int64_t b = 0; b <= blocks; ++b) {
+    const std::int64_t page = s.table().page(0, b);
+    for (std::int64_t t = 0; t < 128; ++t) {
+      auto* row = reinterpret_cast<std::uint16_t*>(ix.k.row(page, 0, t));
+      for (std::int64_t d = 0; d < 128; ++d) row[d] = fmt::float_to_bf16(d == 0 ? 1.0f : 0.0f);
+    }
+  }
+  for (auto& byte : s.index_q) byte = 0;
+  for (std::int64_t h = 0; h < 4; ++h) {
+    reinterpret_cast<std::uint16_t*>(s.index_q.data())[h * 128] = fmt::float_to_bf16(2.0f);
+  }
+  return s;
+}
+
 }  // namespace flashmsa::test

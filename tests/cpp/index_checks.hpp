@@ -44,6 +44,10 @@ Config config_for(const IndexCase& ic);
 // Prefill edge grid of (prefix, query) lengths: visible blocks 1, 15, 16, 17, ragged, chunked.
 std::vector<RequestShape> index_edge_grid();
 
+// One request of `blocks` + 1 blocks whose every key scores the same for every index head
+// (exact ties); score_desc order, top-k 4. The expected selection: the local block, then 0, 1, 2.
+Scenario make_tied_scenario(std::int64_t blocks);
+
 // Checks every row and kv head against the oracle; returns the number of near-ties accepted.
 int check_against_oracle(const Scenario& s, const IndexRun& run);
 

@@ -171,22 +171,7 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
 
 TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
-  Config c;
-  c.sparse_topk_blocks = 4;
-  c.topk_order = TopkOrder::kScoreDesc;
-  Scenario s = test::make_prefill(c, {{128 * 40, 1}}, 9);
-  const IndexCacheView& ix = s.cm->index_cache();
-  for (std::int64_t b = 0; b < 41; ++b) {
-    const std::int64_t page = s.table().page(0, b);
-    for (std::int64_t t = 0; t < 128; ++t) {
-      auto* row = reinterpret_cast<std::uint16_t*>(ix.k.row(page, 0, t));
-      for (std::int64_t d = 0; d < 128; ++d) row[d] = fmt::float_to_bf16(d == 0 ? 1.0f : 0.0f);
-    }
-  }
-  for (auto& byte : s.index_q) byte = 0;
-  for (std::int64_t h = 0; h < 4; ++h) {
-    reinterpret_cast<std::uint16_t*>(s.index_q.data())[h * 128] = fmt::float_to_bf16(2.0f);
-  }
+  const test::Scenario s = test::make_tied_scenario(40);
   const IndexRun run = run_gpu(s);
   for (std::int64_t h = 0; h < 4; ++h) {
     const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
