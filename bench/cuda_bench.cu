@@ -26,7 +26,7 @@ namespace {
 
 using namespace flashmsa;
 
-#define BENCH_CHECK_CUBLAS(x)                                                   \
+#define BENCH_CHECK_CUBLAS(x)                                                  \
   do {                                                                         \
     if ((x) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cuBLAS: " #x); \
   } while (0)
@@ -34,6 +34,15 @@ using namespace flashmsa;
 struct Stat {
   double median_s = 0, cv = 0;
 };
+
+// Median and coefficient of variation of a set of timings (seconds).
+Stat summarize(std::vector<double> t) {
+  std::sort(t.begin(), t.end());
+  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
+  double var = 0;
+  for (double x : t) var += (x - mean) * (x - mean);
+  return {t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+}
 
 // Median (and coefficient of variation) of `reps` timings of `body`, after `warmup` runs.
 Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
@@ -53,11 +62,41 @@ Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
   }
   cudaEventDestroy(a);
   cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-  double var = 0;
-  for (double x : t) var += (x - mean) * (x - mean);
-  return {t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+  return summarize(std::move(t));
+}
+
+// Per-step time of `graphs` replayed round-robin (page sets rotated beyond the L2): at least 20
+// replays back to back per timing, 3 warm-up timings, median of 10.
+Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream) {
+  const int steps = static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
+  cudaEvent_t a, z;
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
+  std::vector<double> t;
+  for (int rep = 0; rep < 13; ++rep) {
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
+    for (int i = 0; i < steps; ++i)
+      FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % graphs.size()], stream));
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
+    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
+    float ms;
+    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
+    if (rep >= 3) t.push_back(ms * 1e-3 / steps);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(z);
+  return summarize(std::move(t));
+}
+
+// Distinct valid ids of kv head h over rows [t0, t1) of top-k lists [4, rows, 16].
+std::int64_t distinct_ids(const std::vector<std::int32_t>& topk, std::int64_t rows, std::int64_t h,
+                          std::int64_t t0, std::int64_t t1) {
+  std::vector<std::int32_t> u;
+  for (std::int64_t i = (h * rows + t0) * 16; i < (h * rows + t1) * 16; ++i) {
+    if (topk[i] >= 0) u.push_back(topk[i]);
+  }
+  std::sort(u.begin(), u.end());
+  return std::unique(u.begin(), u.end()) - u.begin();
 }
 
 __global__ void fill_random_bf16(std::uint16_t* p, std::int64_t n, std::uint32_t seed) {
@@ -123,7 +162,8 @@ void ceilings() {
   DeviceArray<uint4> buf(bytes / 16);
   DeviceArray<unsigned> sink(1);
   FLASHMSA_CHECK_CUDA(cudaMemset(buf.ptr, 1, bytes));
-  const Stat s = time_it([&](int) { read_stream<<<132 * 8, 512>>>(buf.ptr, bytes / 16, sink.ptr); }, 10);
+  const Stat s =
+      time_it([&](int) { read_stream<<<132 * 8, 512>>>(buf.ptr, bytes / 16, sink.ptr); }, 10);
   g_hbm_tbps = bytes / s.median_s / 1e12;
   report("ceiling: HBM read stream (4 GiB, 16-byte loads)", g_hbm_tbps, "TB/s", 1.0, s);
 
@@ -203,17 +243,21 @@ struct IndexBatch {
                                   {requests * dql, 4, 128}, flashmsa::Device::kCuda);
   }
   TensorView table_view(std::int64_t rotation) const {
-    return TensorView::contiguous(static_cast<void*>(block_table.ptr + rotation * requests * max_blocks),
-                                  DType::kInt32, {requests, max_blocks}, flashmsa::Device::kCuda);
+    return TensorView::contiguous(
+        static_cast<void*>(block_table.ptr + rotation * requests * max_blocks), DType::kInt32,
+        {requests, max_blocks}, flashmsa::Device::kCuda);
   }
 };
 
 void prefill_indexer(std::int64_t len) {
   IndexBatch b(1, len, len, 1);
-  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32, {1}, flashmsa::Device::kCuda);
-  const TensorView cu = TensorView::contiguous(static_cast<void*>(b.cu_seqlens.ptr), DType::kInt32, {2}, flashmsa::Device::kCuda);
+  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32,
+                                                {1}, flashmsa::Device::kCuda);
+  const TensorView cu = TensorView::contiguous(static_cast<void*>(b.cu_seqlens.ptr), DType::kInt32,
+                                               {2}, flashmsa::Device::kCuda);
   const PrefillBatch batch{cu, seq, b.table_view(0)};
-  const Stat s = time_it([&](int) { index_prefill(m3(), b.q(), b.view(), batch, b.outputs()); }, 10);
+  const Stat s =
+      time_it([&](int) { index_prefill(m3(), b.q(), b.view(), batch, b.outputs()); }, 10);
   const double flops = 2.0 * 128 * 4 * (double(len) * (len + 1) / 2);
   report("indexer prefill (score + top-k), 1 x " + std::to_string(len / 1024) + "K",
          flops / s.median_s / 1e12, "TFLOP/s", flops / s.median_s / 1e12 / g_gemm_tflops, s);
@@ -224,7 +268,8 @@ void decode_indexer(std::int64_t requests, std::int64_t len) {
   const std::int64_t bytes_per_step = requests * len * 256;
   const std::int64_t rotations = std::max<std::int64_t>(1, (150 << 20) / bytes_per_step + 1);
   IndexBatch b(requests, len, 1, rotations);
-  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32, {requests}, flashmsa::Device::kCuda);
+  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32,
+                                                {requests}, flashmsa::Device::kCuda);
   cudaStream_t stream;
   FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   std::vector<cudaGraphExec_t> graphs;
@@ -232,32 +277,14 @@ void decode_indexer(std::int64_t requests, std::int64_t len) {
     cudaGraph_t g;
     cudaGraphExec_t e;
     FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    index_decode(m3(), b.q(), b.view(), DecodeBatch{seq, b.table_view(r), 1}, b.outputs(), {.stream = stream});
+    index_decode(m3(), b.q(), b.view(), DecodeBatch{seq, b.table_view(r), 1}, b.outputs(),
+                 {.stream = stream});
     FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
     FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
     cudaGraphDestroy(g);
     graphs.push_back(e);
   }
-  // Per step: `steps` replays back to back, timed together.
-  const int steps = static_cast<int>(std::max<std::int64_t>(rotations, 20));
-  cudaEvent_t a, z;
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
-  std::vector<double> t;
-  for (int rep = 0; rep < 13; ++rep) {
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
-    for (int i = 0; i < steps; ++i) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % rotations], stream));
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
-    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
-    float ms;
-    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
-    if (rep >= 3) t.push_back(ms * 1e-3 / steps);
-  }
-  std::sort(t.begin(), t.end());
-  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-  double var = 0;
-  for (double x : t) var += (x - mean) * (x - mean);
-  const Stat s{t[t.size() / 2], std::sqrt(var / t.size()) / mean};
+  const Stat s = time_graphs(graphs, stream);
   const double tbps = bytes_per_step / s.median_s / 1e12;
   report("indexer decode (score + top-k, graph), " + std::to_string(requests) + " x " +
              std::to_string(len / 1024) + "K",
@@ -265,7 +292,6 @@ void decode_indexer(std::int64_t requests, std::int64_t len) {
   for (auto e : graphs) cudaGraphExecDestroy(e);
   cudaStreamDestroy(stream);
 }
-
 
 // ---- Attention ---------------------------------------------------------------------------
 
@@ -311,15 +337,7 @@ std::vector<std::int32_t> prefill_selection(std::int64_t len, bool coherent, dou
       for (std::int32_t b : chosen) keys += std::min<std::int64_t>(128, t - b * 128 + 1);
     }
     for (std::int64_t t0 = 0; t0 < len; t0 += 64, ++tiles) {
-      std::vector<std::int32_t> u;
-      for (std::int64_t t = t0; t < std::min(len, t0 + 64); ++t) {
-        for (int i = 0; i < 16; ++i) {
-          const std::int32_t b = topk[(h * len + t) * 16 + i];
-          if (b >= 0) u.push_back(b);
-        }
-      }
-      std::sort(u.begin(), u.end());
-      distinct += static_cast<double>(std::unique(u.begin(), u.end()) - u.begin());
+      distinct += static_cast<double>(distinct_ids(topk, len, h, t0, std::min(len, t0 + 64)));
     }
   }
   *flops = 4.0 * 128 * 16 * keys;  // 16 q heads per kv head, 4 * D FLOPs per (head, key)
@@ -347,8 +365,8 @@ struct PrefillAttention {
     fill(q.ptr, q.n, 22);
   }
   KvCacheView cache() const {
-    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.ptr,
-                             nullptr, flashmsa::Device::kCuda);
+    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.ptr, nullptr,
+                             flashmsa::Device::kCuda);
   }
   PrefillBatch batch() const {
     return {device_view(cu.ptr, DType::kInt32, {2}), device_view(seq_lens.ptr, DType::kInt32, {1}),
@@ -389,105 +407,6 @@ void dense_prefill_attention(std::int64_t len) {
   report("dense causal attention (ours), 1 x " + std::to_string(len / 1024) + "K", tflops,
          "TFLOP/s", tflops / g_gemm_tflops, s);
 }
-
-// Per-step time of `graphs` replayed round-robin (page sets rotated beyond the L2).
-Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream) {
-  const int steps = static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
-  cudaEvent_t a, z;
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
-  std::vector<double> t;
-  for (int rep = 0; rep < 13; ++rep) {
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
-    for (int i = 0; i < steps; ++i) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % graphs.size()], stream));
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
-    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
-    float ms;
-    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
-    if (rep >= 3) t.push_back(ms * 1e-3 / steps);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(z);
-  std::sort(t.begin(), t.end());
-  const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
-  double var = 0;
-  for (double x : t) var += (x - mean) * (x - mean);
-  return {t[t.size() / 2], std::sqrt(var / t.size()) / mean};
-}
-
-// The decode step (indexer + top-k + attention) of `requests` x `len`, and its attention alone.
-void decode_step(std::int64_t requests, std::int64_t len, int dql) {
-  const std::int64_t kv_bytes_per_step = requests * 4 * 16 * 128 * 512;  // sizing the rotation
-  const std::int64_t index_bytes_per_step = requests * len * 256;
-  const std::int64_t q_bytes = requests * dql * (64 + 4) * 128 * 2;
-  const std::int64_t step_bytes = index_bytes_per_step + kv_bytes_per_step + q_bytes;
-  const std::int64_t rotations = std::max<std::int64_t>(1, (150 << 20) / step_bytes + 1);
-  IndexBatch ix(requests, len, dql, rotations);  // index cache, index queries, tables, top-k
-  const std::int64_t pages = ix.pages, rows = requests * dql;
-  DeviceArray<std::uint16_t> kv(std::size_t(pages) * 4 * 128 * 256), q(std::size_t(rows) * 64 * 128),
-      out(std::size_t(rows) * 64 * 128);
-  fill(kv.ptr, kv.n, 31);
-  fill(q.ptr, q.n, 32);
-  DeviceArray<std::uint8_t> ws(std::size_t(attention_workspace_bytes(m3(), rows, requests)));
-  const KvCacheView cache = KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128},
-                                              kv.ptr, nullptr, flashmsa::Device::kCuda);
-  AttentionOutputs o{device_view(out.ptr, DType::kBf16, {rows, 64, 128})};
-  o.workspace = device_view(ws.ptr, DType::kUint8, {std::int64_t(ws.n)});
-  const TensorView seq = device_view(ix.seq_lens.ptr, DType::kInt32, {requests});
-  const TensorView qv = device_view(q.ptr, DType::kBf16, {rows, 64, 128});
-  const TensorView iq = device_view(ix.query.ptr, DType::kBf16, {rows, 4, 128});
-  const TensorView tk = ix.outputs().topk;
-  cudaStream_t stream;
-  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> steps, attention_only;
-  for (std::int64_t r = 0; r < rotations; ++r) {
-    const DecodeBatch batch{seq, ix.table_view(r), dql};
-    for (int full = 0; full < 2; ++full) {
-      cudaGraph_t g;
-      cudaGraphExec_t e;
-      FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      if (full) index_decode(m3(), iq, ix.view(), batch, ix.outputs(), {.stream = stream});
-      sparse_attention_decode(m3(), qv, cache, batch, tk, o, {.stream = stream});
-      FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
-      FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
-      cudaGraphDestroy(g);
-      (full ? steps : attention_only).push_back(e);
-    }
-  }
-  const Stat full = time_graphs(steps, stream);  // also leaves valid top-k lists
-  const Stat attn = time_graphs(attention_only, stream);
-  // Bytes the attention must read: each (request, kv head)'s distinct selected pages (with
-  // speculative rows, the union of their selections).
-  std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
-  FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), ix.topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
-  std::int64_t distinct = 0;
-  for (std::int64_t h = 0; h < 4; ++h) {
-    for (std::int64_t r = 0; r < requests; ++r) {
-      std::vector<std::int32_t> u;
-      for (std::int64_t t = r * dql; t < (r + 1) * dql; ++t) {
-        for (int i = 0; i < 16; ++i) {
-          if (ids[(h * rows + t) * 16 + i] >= 0) u.push_back(ids[(h * rows + t) * 16 + i]);
-        }
-      }
-      std::sort(u.begin(), u.end());
-      distinct += std::unique(u.begin(), u.end()) - u.begin();
-    }
-  }
-  const std::int64_t kv_bytes = distinct * 128 * 512;  // K and V rows of 128 bf16 each
-  const std::int64_t step_bytes_read = index_bytes_per_step + kv_bytes + q_bytes;
-  const std::string shape = std::to_string(requests) + " x " + std::to_string(len / 1024) + "K" +
-                            (dql > 1 ? ", dql " + std::to_string(dql) : "");
-  const double step_tbps = step_bytes_read / full.median_s / 1e12;
-  report("decode step (indexer + top-k + attention, graph), " + shape, step_tbps, "TB/s",
-         step_tbps / g_hbm_tbps, full);
-  const double attn_tbps = (kv_bytes + requests * dql * 64 * 128 * 2) / attn.median_s / 1e12;
-  report("decode sparse attention alone (graph), " + shape, attn_tbps, "TB/s",
-         attn_tbps / g_hbm_tbps, attn);
-  for (auto e : steps) cudaGraphExecDestroy(e);
-  for (auto e : attention_only) cudaGraphExecDestroy(e);
-  cudaStreamDestroy(stream);
-}
-
 
 // ---- Cache dtypes, the decode grid and end-to-end prefill (issue 9) -------------------------
 
@@ -555,9 +474,9 @@ struct Caches {
   Caches(const CacheKind& kind, std::int64_t pages)
       : shape{pages, 4, 128, 128},
         kv(std::size_t(KvCacheView::buffer_bytes(KvLayout::kPacked, kind.kv, shape))),
-        kv_scales(kind.kv == DType::kNvfp4
-                      ? std::size_t(KvCacheView::buffer_bytes(KvLayout::kPacked, kind.kv, shape, true))
-                      : 0),
+        kv_scales(kind.kv == DType::kNvfp4 ? std::size_t(KvCacheView::buffer_bytes(
+                                                 KvLayout::kPacked, kind.kv, shape, true))
+                                           : 0),
         index(std::size_t(IndexCacheView::buffer_bytes(kind.index, pages, 128))),
         index_scales(kind.index == DType::kNvfp4
                          ? std::size_t(IndexCacheView::buffer_bytes(kind.index, pages, 128, true))
@@ -609,8 +528,8 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   const std::int64_t pages = requests * max_blocks * rotations;
   Caches caches(kind, pages);
   const DeviceArray<std::int32_t> table(IndexBatch::table(requests, max_blocks, rotations));
-  const DeviceArray<std::int32_t> lens(std::vector<std::int32_t>(std::size_t(requests),
-                                                                 static_cast<std::int32_t>(len)));
+  const DeviceArray<std::int32_t> lens(
+      std::vector<std::int32_t>(std::size_t(requests), static_cast<std::int32_t>(len)));
   DeviceArray<std::uint16_t> q(std::size_t(rows) * 64 * 128), out(std::size_t(rows) * 64 * 128),
       iq(std::size_t(rows) * 4 * 128);
   fill(q.ptr, q.n, 51);
@@ -624,8 +543,8 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   DeviceArray<std::uint8_t> ws(std::size_t(decode_workspace_bytes(c, requests, dql, max_blocks)));
   const TensorView wsv = device_view(ws.ptr, DType::kUint8, {std::int64_t(ws.n)});
   const TensorView qv = device_view(q.ptr, DType::kBf16, {rows, 64, 128});
-  const TensorView iqv = device_view(iq.ptr, fp8_index ? DType::kFp8E4m3 : DType::kBf16,
-                                     {rows, 4, 128});
+  const TensorView iqv =
+      device_view(iq.ptr, fp8_index ? DType::kFp8E4m3 : DType::kBf16, {rows, 4, 128});
   const TensorView tk = device_view(topk.ptr, DType::kInt32, {4, rows, 16});
   const TensorView seq = device_view(lens.ptr, DType::kInt32, {requests});
   IndexOutputs io{tk};
@@ -637,7 +556,8 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   std::vector<cudaGraphExec_t> graphs[4];  // step, indexer, attention, indexer scoring only
   for (std::int64_t r = 0; r < rotations; ++r) {
     const DecodeBatch batch{
-        seq, device_view(table.ptr + r * requests * max_blocks, DType::kInt32, {requests, max_blocks}),
+        seq,
+        device_view(table.ptr + r * requests * max_blocks, DType::kInt32, {requests, max_blocks}),
         dql};
     for (int part = 0; part < 4; ++part) {
       cudaGraph_t g;
@@ -665,16 +585,10 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   t.score = time_graphs(graphs[3], stream);
   std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
   FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
-  std::int64_t distinct = 0;
+  std::int64_t distinct = 0;  // each (request, kv head)'s pages, its rows' selections merged
   for (std::int64_t h = 0; h < 4; ++h) {
-    for (std::int64_t r = 0; r < requests; ++r) {
-      std::vector<std::int32_t> u;
-      for (std::int64_t i = (h * rows + r * dql) * 16; i < (h * rows + (r + 1) * dql) * 16; ++i) {
-        if (ids[i] >= 0) u.push_back(ids[i]);
-      }
-      std::sort(u.begin(), u.end());
-      distinct += std::unique(u.begin(), u.end()) - u.begin();
-    }
+    for (std::int64_t r = 0; r < requests; ++r)
+      distinct += distinct_ids(ids, rows, h, r * dql, (r + 1) * dql);
   }
   const std::int64_t q_bytes = rows * 64 * 128 * 2;
   t.attention_bytes = distinct * 128 * kv_token_bytes(kind.kv) + q_bytes;
@@ -690,13 +604,27 @@ double index_bytes(const CacheKind& kind, std::int64_t requests, std::int64_t le
   return static_cast<double>(requests * len * index_token_bytes(kind.index));
 }
 
+// The decode step (indexer + top-k + attention) and its attention alone, bf16 caches.
+void decode_step(std::int64_t requests, std::int64_t len, int dql) {
+  const DecodeTimes t = run_decode(kCacheKinds[0], requests, len, dql);
+  const std::string shape = std::to_string(requests) + " x " + std::to_string(len / 1024) + "K" +
+                            (dql > 1 ? ", dql " + std::to_string(dql) : "");
+  const double step = t.step_bytes / t.step.median_s / 1e12;
+  report("decode step (indexer + top-k + attention, graph), " + shape, step, "TB/s",
+         step / g_hbm_tbps, t.step);
+  const double attention = t.attention_bytes / t.attention.median_s / 1e12;
+  report("decode sparse attention alone (graph), " + shape, attention, "TB/s",
+         attention / g_hbm_tbps, t.attention);
+}
+
 // The decode grid: batch x context x query length x cache dtype, skipping what does not fit.
 // The top-k row's "fraction" is its share of the step time.
 void decode_grid() {
   for (const CacheKind& kind : kCacheKinds) {
     for (std::int64_t b : {1, 8, 32, 64, 128}) {
       for (std::int64_t len : {8192, 32768, 131072, 524288}) {
-        const std::int64_t token_bytes = 4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
+        const std::int64_t token_bytes =
+            4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
         if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
         for (int dql : {1, 4}) {
           const DecodeTimes t = run_decode(kind, b, len, dql);
@@ -709,8 +637,9 @@ void decode_grid() {
                  (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12, "TB/s",
                  (t.step_bytes - t.attention_bytes) / t.indexer.median_s / 1e12 / g_hbm_tbps,
                  t.indexer);
-          report(std::string(name) + ": indexer scoring", index_bytes(kind, b, len) / t.score.median_s / 1e12,
-                 "TB/s", index_bytes(kind, b, len) / t.score.median_s / 1e12 / g_hbm_tbps, t.score);
+          report(std::string(name) + ": indexer scoring",
+                 index_bytes(kind, b, len) / t.score.median_s / 1e12, "TB/s",
+                 index_bytes(kind, b, len) / t.score.median_s / 1e12 / g_hbm_tbps, t.score);
           // Top-k: the indexer's time less its scoring; as a share of the step.
           const Stat topk{t.indexer.median_s - t.score.median_s, t.indexer.cv};
           report(std::string(name) + ": top-k (indexer - scoring)", topk.median_s * 1e6, "us",
@@ -745,12 +674,14 @@ PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
   std::vector<std::int32_t> table(std::size_t(B * max_blocks), -1);
   for (std::int64_t r = 0; r < B; ++r) {  // each request's pages scattered (descending)
     const std::int64_t n = (lens[r] + 127) / 128;
-    for (std::int64_t b = 0; b < n; ++b) table[r * max_blocks + b] = static_cast<std::int32_t>(pages + n - 1 - b);
+    for (std::int64_t b = 0; b < n; ++b)
+      table[r * max_blocks + b] = static_cast<std::int32_t>(pages + n - 1 - b);
     pages += n;
   }
   Caches caches(kCacheKinds[0], std::max<std::int64_t>(pages, 1));
   const DeviceArray<std::int32_t> table_d(table), cu_d(cu), lens_d(lens);
-  DeviceArray<std::uint16_t> q(std::size_t(rows) * 64 * 128), out(q.n), iq(std::size_t(rows) * 4 * 128);
+  DeviceArray<std::uint16_t> q(std::size_t(rows) * 64 * 128), out(q.n),
+      iq(std::size_t(rows) * 4 * 128);
   fill(q.ptr, q.n, 61);
   index_queries_bf16<<<1024, 256>>>(iq.ptr, rows, coherent);
   FLASHMSA_CHECK_LAUNCH();
@@ -788,14 +719,8 @@ PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
     }
     for (std::int64_t h = 0; h < 4; ++h) {
       for (std::int64_t t0 = cu[r]; t0 < cu[r + 1]; t0 += 64, ++tiles) {
-        std::vector<std::int32_t> u;
-        for (std::int64_t t = t0; t < std::min<std::int64_t>(cu[r + 1], t0 + 64); ++t) {
-          for (int i = 0; i < 16; ++i) {
-            if (ids[(h * rows + t) * 16 + i] >= 0) u.push_back(ids[(h * rows + t) * 16 + i]);
-          }
-        }
-        std::sort(u.begin(), u.end());
-        distinct += static_cast<double>(std::unique(u.begin(), u.end()) - u.begin());
+        distinct += static_cast<double>(
+            distinct_ids(ids, rows, h, t0, std::min<std::int64_t>(cu[r + 1], t0 + 64)));
       }
     }
   }
@@ -811,8 +736,7 @@ void report_prefill(const std::string& name, const PrefillResult& r) {
   std::snprintf(pages, sizeof pages, " (%.1f pages/64 rows)", r.pages_per_tile);
   report(name + ": indexer", it, "TFLOP/s", it / g_gemm_tflops, r.indexer);
   report(name + ": attention" + pages, at, "TFLOP/s", at / g_gemm_tflops, r.attention);
-  const Stat e2e{r.indexer.median_s + r.attention.median_s,
-                 std::max(r.indexer.cv, r.attention.cv)};
+  const Stat e2e{r.indexer.median_s + r.attention.median_s, std::max(r.indexer.cv, r.attention.cv)};
   const double total = (r.indexer_flops + r.attention_flops) / e2e.median_s / 1e12;
   report(name + ": end to end", total, "TFLOP/s", total / g_gemm_tflops, e2e);
 }
@@ -825,8 +749,9 @@ void prefill_end_to_end() {
   for (auto [prefix, query] : shapes) {
     for (bool coherent : {true, false}) {
       char name[128];
-      std::snprintf(name, sizeof name, "prefill %lldK + %lldK, %s", static_cast<long long>(prefix / 1024),
-                    static_cast<long long>(query / 1024), coherent ? "coherent" : "random");
+      std::snprintf(name, sizeof name, "prefill %lldK + %lldK, %s",
+                    static_cast<long long>(prefix / 1024), static_cast<long long>(query / 1024),
+                    coherent ? "coherent" : "random");
       report_prefill(name, run_prefill({prefix}, {query}, coherent, 3));
     }
   }
@@ -862,10 +787,10 @@ void production_cases(const std::string& path) {
     const std::size_t w_at = line.find("\"representative_weight\":") + 24;
     const double weight = line.compare(w_at, 4, "null") == 0 ? 0 : std::stod(line.substr(w_at));
     // The data set's own convention: 2 * 128 * 128 per (query token, complete visible page).
-    const double upstream_flops =
-        std::stod(line.substr(line.find("\"useful_flops\":") + 15));
+    const double upstream_flops = std::stod(line.substr(line.find("\"useful_flops\":") + 15));
     const PrefillResult r = run_prefill(prefix, query, true, 3);
-    report_prefill("case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : ""), r);
+    report_prefill("case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : ""),
+                   r);
     if (weight > 0) {
       const double t = r.indexer.median_s + r.attention.median_s;
       weight_sum += weight;
@@ -881,8 +806,7 @@ void production_cases(const std::string& path) {
   const std::string name = "production prefill set (" + std::to_string(n) + " cases): weighted";
   report(name + " useful TFLOP/s, data set's definition", upstream, "TFLOP/s",
          upstream / g_gemm_tflops, mean);
-  report(name + " TFLOP/s, indexer + attention FLOPs", ours, "TFLOP/s", ours / g_gemm_tflops,
-         mean);
+  report(name + " TFLOP/s, indexer + attention FLOPs", ours, "TFLOP/s", ours / g_gemm_tflops, mean);
 }
 
 void write_json(const char* path) {
@@ -890,15 +814,18 @@ void write_json(const char* path) {
   if (!f) throw std::runtime_error(std::string("cannot write ") + path);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::fprintf(f, "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %.4f,\n  \"bf16_gemm_tflops\": %.2f,\n  \"cases\": [\n",
+  std::fprintf(f,
+               "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %.4f,\n  \"bf16_gemm_tflops\": "
+               "%.2f,\n  \"cases\": [\n",
                prop.name, g_hbm_tbps, g_gemm_tflops);
   for (std::size_t i = 0; i < g_rows.size(); ++i) {
     const Row& r = g_rows[i];
-    std::fprintf(f,
-                 "    {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"fraction_of_ceiling\": %.4f, "
-                 "\"median_us\": %.3f, \"cv\": %.4f}%s\n",
-                 r.name.c_str(), r.value, r.unit.c_str(), r.ceiling_fraction, r.time_us, r.cv,
-                 i + 1 < g_rows.size() ? "," : "");
+    std::fprintf(
+        f,
+        "    {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"fraction_of_ceiling\": %.4f, "
+        "\"median_us\": %.3f, \"cv\": %.4f}%s\n",
+        r.name.c_str(), r.value, r.unit.c_str(), r.ceiling_fraction, r.time_us, r.cv,
+        i + 1 < g_rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);
@@ -918,7 +845,9 @@ int main(int argc, char** argv) {
     } else if (std::strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
       cases_path = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]\n");
+      std::fprintf(
+          stderr,
+          "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]\n");
       return 2;
     }
   }
