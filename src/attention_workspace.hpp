@@ -25,8 +25,8 @@ constexpr std::int64_t attention_decode_tile_rows(std::int64_t decode_query_len)
 // Splits of each (request, row tile, kv head)'s selected pages: enough CTAs to fill the GPU,
 // at most one split per page a tile can select.
 constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
-                                               std::int64_t decode_query_len,
-                                               std::int64_t kv_heads, std::int64_t topk_width) {
+                                               std::int64_t decode_query_len, std::int64_t kv_heads,
+                                               std::int64_t topk_width) {
   const std::int64_t rows = attention_decode_tile_rows(decode_query_len);
   const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
   const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
@@ -36,7 +36,7 @@ constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
 
 struct AttentionWorkspaceLayout {
   std::int64_t request_begin = 0, request_end = 0, tile_offset = 0;  // prefill plan
-  std::int64_t partial_out = 0, partial_lse = 0;                      // decode partials
+  std::int64_t partial_out = 0, partial_lse = 0;                     // decode partials
   std::int64_t bytes = 0;
 };
 
@@ -48,12 +48,9 @@ constexpr AttentionWorkspaceLayout attention_prefill_layout(std::int64_t num_req
   return l;
 }
 
-constexpr AttentionWorkspaceLayout attention_decode_layout(std::int64_t num_requests,
-                                                           std::int64_t decode_query_len,
-                                                           std::int64_t q_heads,
-                                                           std::int64_t kv_heads,
-                                                           std::int64_t head_dim,
-                                                           std::int64_t topk_width) {
+constexpr AttentionWorkspaceLayout attention_decode_layout(
+    std::int64_t num_requests, std::int64_t decode_query_len, std::int64_t q_heads,
+    std::int64_t kv_heads, std::int64_t head_dim, std::int64_t topk_width) {
   AttentionWorkspaceLayout l;
   const std::int64_t splits =
       attention_decode_splits(num_requests, decode_query_len, kv_heads, topk_width);

@@ -7,9 +7,9 @@
 #include "flashmsa/backend.hpp"
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
+#include "src/attention_workspace.hpp"
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
-#include "src/attention_workspace.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/index_workspace.hpp"
 
@@ -54,7 +54,8 @@ void insert_kv(const KvCacheView& cache, const TensorView& k, const TensorView& 
   const std::int64_t num_tokens = k.shape[0];
   check_tensor(v, "v", kActivationDtypes, cache.device, {num_tokens, h, d});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {num_tokens});
-  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
+  if (options.checked)
+    check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
   if (cache.device == Device::kCuda) {
     cuda::insert_kv(cache, k, v, slot_mapping, options.stream);
     return;
@@ -67,7 +68,8 @@ void insert_index_k(const IndexCacheView& cache, const TensorView& index_k,
   cache.validate();
   check_tensor(index_k, "index_k", kActivationDtypes, cache.device, {-1, cache.index_dim});
   check_tensor(slot_mapping, "slot_mapping", DType::kInt64, cache.device, {index_k.shape[0]});
-  if (options.checked) check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
+  if (options.checked)
+    check_slot_values(slot_mapping, cache.capacity_tokens(), "slot_mapping", options.stream);
   if (cache.device == Device::kCuda) {
     cuda::insert_index_k(cache, index_k, slot_mapping, options.stream);
     return;
@@ -130,10 +132,9 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
   }
   if (options.checked) {
     check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping", options.stream);
-    check_slot_values(own_index_slots ? in.index_slot_mapping : in.slot_mapping,
-                      index_cache.capacity_tokens(),
-                      own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)",
-                      options.stream);
+    check_slot_values(
+        own_index_slots ? in.index_slot_mapping : in.slot_mapping, index_cache.capacity_tokens(),
+        own_index_slots ? "index_slot_mapping" : "slot_mapping (index cache)", options.stream);
   }
   if (device == Device::kCuda) {
     cuda::produce_qkv_index(config, in, kv_cache, index_cache, out, options.stream);
@@ -363,10 +364,10 @@ std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_ro
   // Decode: every batch of b <= num_requests requests with b x dql <= num_rows rows.
   for (std::int64_t dql = 1; dql <= 16; ++dql) {
     for (std::int64_t b = 1; b <= num_requests && b * dql <= num_rows; ++b) {
-      bytes = std::max(bytes, detail::attention_decode_layout(b, dql, h.num_attention_heads,
-                                                              h.num_key_value_heads,
-                                                              config.head_dim, 64)
-                                  .bytes);
+      bytes = std::max(bytes,
+                       detail::attention_decode_layout(b, dql, h.num_attention_heads,
+                                                       h.num_key_value_heads, config.head_dim, 64)
+                           .bytes);
     }
   }
   return bytes;

@@ -55,9 +55,9 @@ enum class Kind { kSparse, kDense };
 
 AttentionCall base_call(const Scenario& s, Kind kind) {
   AttentionCall call;
-  call.op = kind == Kind::kDense            ? AttentionCall::Op::kDense
-            : s.decode_query_len            ? AttentionCall::Op::kDecode
-                                            : AttentionCall::Op::kPrefill;
+  call.op = kind == Kind::kDense ? AttentionCall::Op::kDense
+            : s.decode_query_len ? AttentionCall::Op::kDecode
+                                 : AttentionCall::Op::kPrefill;
   call.config = s.config;
   call.q = s.q_view();
   call.kv = s.kv();
@@ -226,7 +226,8 @@ void check_sparse_prefill(const AttnCase& ac, const AttentionBackend& b, Config 
   s.k_scale = ac.k_scale;
   s.v_scale = ac.v_scale;
   const auto topk = indexer_topk(s);
-  const AttnRun run = run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
+  const AttnRun run =
+      run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
   check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
 }
 

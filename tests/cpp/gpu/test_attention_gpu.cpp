@@ -24,9 +24,9 @@ using test::Scenario;
 // copies everything back.
 void run_on_gpu(const AttentionCall& call) {
   test::DeviceMirror m;
-  for (const TensorView* t : {&call.q, &call.prefill.cu_seqlens_q, &call.prefill.seq_lens,
-                              &call.prefill.block_table, &call.decode.seq_lens,
-                              &call.decode.block_table, &call.topk}) {
+  for (const TensorView* t :
+       {&call.q, &call.prefill.cu_seqlens_q, &call.prefill.seq_lens, &call.prefill.block_table,
+        &call.decode.seq_lens, &call.decode.block_table, &call.topk}) {
     m.add(*t);
   }
   m.add(call.kv);
@@ -46,11 +46,10 @@ void run_on_gpu(const AttentionCall& call) {
   }
   d.kv = m.device(call.kv);
   const std::int64_t requests = call.prefill.seq_lens.shape[0];
-  test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
-      std::max<std::int64_t>(1, attention_workspace_bytes(call.config, call.q.shape[0], requests))));
-  d.out.workspace = TensorView::contiguous(workspace.get(), DType::kUint8,
-                                           {static_cast<std::int64_t>(workspace.size())},
-                                           Device::kCuda);
+  test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(std::max<std::int64_t>(
+      1, attention_workspace_bytes(call.config, call.q.shape[0], requests))));
+  d.out.workspace = TensorView::contiguous(
+      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
   test::run_attention_call(d);
   FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   m.download();
@@ -76,9 +75,11 @@ TEST_P(AttentionGpu, SparseDecodeWithPaddingMatchesOracle) {
   test::check_sparse_decode(GetParam(), gpu_for(GetParam()), {1, 2, 3, 4, 16});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CacheDtypesAndLayouts, AttentionGpu, ::testing::ValuesIn(test::attention_cases()),
-    [](const ::testing::TestParamInfo<test::AttnCase>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(CacheDtypesAndLayouts, AttentionGpu,
+                         ::testing::ValuesIn(test::attention_cases()),
+                         [](const ::testing::TestParamInfo<test::AttnCase>& p) {
+                           return p.param.name;
+                         });
 
 // Tensor parallelism shapes: 8 q heads per kv head (M3 at TP 8 has Hq 8, Hkv 1), and 2.
 TEST(AttentionGpuGroups, SmallerGqaGroups) {
@@ -130,8 +131,8 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   const TensorView out_view = TensorView::contiguous(out.data(), DType::kBf16, {T, 64, 128});
   const TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFp32, {T, 64});
   test::DeviceMirror m;
-  for (const TensorView* t : {&q, &batch.seq_lens, &batch.block_table, &topk_view, &out_view,
-                              &lse_view}) {
+  for (const TensorView* t :
+       {&q, &batch.seq_lens, &batch.block_table, &topk_view, &out_view, &lse_view}) {
     m.add(*t);
   }
   m.add(s.cm->kv_cache());
@@ -144,9 +145,8 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   test::DeviceBuffer<std::uint8_t> workspace(
       static_cast<std::size_t>(attention_workspace_bytes(s.config, 64, 32)));  // capacity
   AttentionOutputs dev_out{m.device(out_view), m.device(lse_view)};
-  dev_out.workspace = TensorView::contiguous(workspace.get(), DType::kUint8,
-                                             {static_cast<std::int64_t>(workspace.size())},
-                                             Device::kCuda);
+  dev_out.workspace = TensorView::contiguous(
+      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
   cudaStream_t stream;
   FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   cudaGraph_t graph;
@@ -200,8 +200,8 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
   const TensorView out_view = TensorView::contiguous(out.data(), DType::kBf16, {T, 64, 128});
   const TensorView lse_view = TensorView::contiguous(lse.data(), DType::kFp32, {T, 64});
   test::DeviceMirror m;
-  for (const TensorView* t : {&q, &iq, &batch.seq_lens, &batch.block_table, &topk_view,
-                              &out_view, &lse_view}) {
+  for (const TensorView* t :
+       {&q, &iq, &batch.seq_lens, &batch.block_table, &topk_view, &out_view, &lse_view}) {
     m.add(*t);
   }
   m.add(s.cm->kv_cache());
@@ -209,9 +209,8 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
   m.upload();
   test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
       decode_workspace_bytes(s.config, 16, 4, s.max_blocks)));  // capacity: 16 x dql 4
-  const TensorView ws = TensorView::contiguous(workspace.get(), DType::kUint8,
-                                               {static_cast<std::int64_t>(workspace.size())},
-                                               Device::kCuda);
+  const TensorView ws = TensorView::contiguous(
+      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
   const DecodeBatch dev_batch{m.device(batch.seq_lens), m.device(batch.block_table), 3};
   IndexOutputs index_out{m.device(topk_view)};
   index_out.workspace = ws;
@@ -254,7 +253,8 @@ TEST(AttentionGpuErrors, WorkspaceAndWidth) {
   test::DeviceScenario d(s);
   std::vector<std::int32_t> topk(4 * 3 * 65, -1);
   const TensorView tk = d.on_device(TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 65}));
-  const TensorView tk16 = d.on_device(TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 16}));
+  const TensorView tk16 =
+      d.on_device(TensorView::contiguous(topk.data(), DType::kInt32, {4, 3, 16}));
   test::DeviceMirror m;
   m.add(s.cm->kv_cache());
   m.upload();

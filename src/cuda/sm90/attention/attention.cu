@@ -11,11 +11,11 @@
 namespace flashmsa::cuda {
 
 extern template void launch_attention<AttentionPrefillTraits>(const AttentionParams&, DType, DType,
-                                                               dim3, cudaStream_t);
+                                                              dim3, cudaStream_t);
 extern template void launch_attention<AttentionDecode1Traits>(const AttentionParams&, DType, DType,
-                                                               dim3, cudaStream_t);
+                                                              dim3, cudaStream_t);
 extern template void launch_attention<AttentionDecode4Traits>(const AttentionParams&, DType, DType,
-                                                               dim3, cudaStream_t);
+                                                              dim3, cudaStream_t);
 
 // Log-sum-exp merge of the splits: one CTA per (row, kv head), a thread per (head, group of 32).
 constexpr int kAttentionCombineThreads = 64;
@@ -91,9 +91,9 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
   const std::int64_t group = heads.num_attention_heads / heads.num_key_value_heads;
   FLASHMSA_CHECK_SUPPORTED(group >= 1 && group <= 16,
                            "the CUDA attention needs at most 16 q heads per kv head, got ", group);
-  FLASHMSA_CHECK_ARG(q.stride[2] == 1 && aligned(q.data, 16) && q.stride[0] % 8 == 0 &&
-                         q.stride[1] % 8 == 0,
-                     "q must have contiguous, 16-byte aligned head vectors on the CUDA backend");
+  FLASHMSA_CHECK_ARG(
+      q.stride[2] == 1 && aligned(q.data, 16) && q.stride[0] % 8 == 0 && q.stride[1] % 8 == 0,
+      "q must have contiguous, 16-byte aligned head vectors on the CUDA backend");
   check_plane(kv.k, "k", 16);
   check_plane(kv.v, "v", 16);
   if (kv.dtype == DType::kNvfp4) {
@@ -145,10 +145,10 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
     s.mxfp8_rule = out.mxfp8_scale_rule;
   } else {
     const std::int64_t per16 = 16 / (dtype_bits(s.dtype) / 8);
-    FLASHMSA_CHECK_ARG(out.out.stride[2] == 1 && out.out.stride[0] % per16 == 0 &&
-                           out.out.stride[1] % per16 == 0,
-                       "out must have contiguous, 16-byte aligned head vectors on the CUDA "
-                       "backend");
+    FLASHMSA_CHECK_ARG(
+        out.out.stride[2] == 1 && out.out.stride[0] % per16 == 0 && out.out.stride[1] % per16 == 0,
+        "out must have contiguous, 16-byte aligned head vectors on the CUDA "
+        "backend");
     s.row_stride = out.out.stride[0];
     s.head_stride = out.out.stride[1];
   }

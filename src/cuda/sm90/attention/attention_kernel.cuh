@@ -15,8 +15,8 @@
 // log-sum-exp for attention_combine_kernel.
 #pragma once
 
-#include <cub/block/block_scan.cuh>
 #include <cuda_fp8.h>
+#include <cub/block/block_scan.cuh>
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
@@ -43,7 +43,7 @@ struct AttentionTraits {
   static constexpr int kChunkKeys = kWarpKeys < 64 ? kWarpKeys : 64;  // keys per softmax step
   static constexpr int kMaxTopk = 64;
   static constexpr int kMaxUnion = kRows * kMaxTopk;
-  static constexpr int kWindow = 2048;  // blocks marked per pass of the union build
+  static constexpr int kWindow = 2048;        // blocks marked per pass of the union build
   static constexpr int kPartialStride = 132;  // floats per epilogue row (4 of padding: banks)
   static_assert(kChunkKeys % 16 == 0);
 };
@@ -110,21 +110,24 @@ __device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* sr
 // Stores 32 consecutive output values (group `grp` of head `hq`'s D = 128) of row t, and the
 // log-sum-exp with group 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
 __device__ inline void store_group(const AttentionStore& s, std::int64_t t, int hq, int grp,
-                            const float (&v)[32], float lse) {
+                                   const float (&v)[32], float lse) {
   if (s.dtype == DType::kFp8E4m3) {
     std::uint16_t bf16[32];
     for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
     alignas(16) std::uint8_t codes[32];
     const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
     const std::int64_t col = std::int64_t{hq} * 128 + grp * 32;
-    auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + col);
+    auto* dst =
+        reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + col);
     dst[0] = reinterpret_cast<const uint4*>(codes)[0];
     dst[1] = reinterpret_cast<const uint4*>(codes)[1];
-    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, col / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] = scale;
+    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, col / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
+        scale;
   } else if (s.dtype == DType::kFp32) {
     auto* dst = reinterpret_cast<float4*>(static_cast<float*>(s.out) + t * s.row_stride +
                                           hq * s.head_stride + grp * 32);
-    for (int i = 0; i < 8; ++i) dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+    for (int i = 0; i < 8; ++i)
+      dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   } else {
     const bool half = s.dtype == DType::kFp16;
     auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.out) + t * s.row_stride +
@@ -337,8 +340,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   } else {
     using Scan = cub::BlockScan<int, Traits::kThreads>;
     auto* marks = reinterpret_cast<std::uint32_t*>(stages);  // stages are free until the ring
-    auto* scan_storage =
-        reinterpret_cast<typename Scan::TempStorage*>(marks + Traits::kWindow);
+    auto* scan_storage = reinterpret_cast<typename Scan::TempStorage*>(marks + Traits::kWindow);
     __shared__ int carry;
     if (threadIdx.x == 0) carry = 0;
     __syncthreads();
@@ -349,8 +351,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       __syncthreads();
       for (int c = threadIdx.x; c < candidates; c += Traits::kThreads) {
         const int i = c / p.topk_width, j = c % p.topk_width;
-        const std::int64_t b = p.topk[kv_head * p.topk_stride[0] + (tile.row + i) * p.topk_stride[1] +
-                                      j * p.topk_stride[2]];
+        const std::int64_t b = p.topk[kv_head * p.topk_stride[0] +
+                                      (tile.row + i) * p.topk_stride[1] + j * p.topk_stride[2]];
         const std::int64_t pos = tile.position(i);
         if (b >= w0 && b < w0 + window && pos >= 0 && b <= pos / 128 && page_of(b) >= 0) {
           atomicOr(&marks[b - w0], 1u << i);
@@ -382,15 +384,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
     num_entries = carry;
   }
   // Dense entries: the rows whose position reaches the block, if the table has its page.
-  auto entry_page = [&](int e) -> std::int64_t {
-    return p.topk ? union_page[e] : page_of(e);
-  };
+  auto entry_page = [&](int e) -> std::int64_t { return p.topk ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return p.topk ? union_block[e] : e; };
   auto entry_mask = [&](int e) -> std::uint32_t {
     if (p.topk) return union_mask[e];
     if (page_of(e) < 0) return 0;
     std::uint32_t m = 0;
-    for (int i = 0; i < tile.rows; ++i) m |= (tile.position(i) >= std::int64_t{e} * 128) ? 1u << i : 0u;
+    for (int i = 0; i < tile.rows; ++i)
+      m |= (tile.position(i) >= std::int64_t{e} * 128) ? 1u << i : 0u;
     return m;
   };
   const int per_split = (num_entries + p.splits - 1) / p.splits;
@@ -416,7 +417,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   std::uint32_t qf[8][4];
 #pragma unroll
   for (int ks = 0; ks < 8; ++ks) {
-    ldmatrix_x4(qf[ks], q_tile + swizzled_chunk(warp_row * 16 + lane % 16, 2 * ks + lane / 16) * 16);
+    ldmatrix_x4(qf[ks],
+                q_tile + swizzled_chunk(warp_row * 16 + lane % 16, 2 * ks + lane / 16) * 16);
   }
   float o[16][4];
 #pragma unroll
@@ -579,7 +581,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const std::int64_t vec = (std::int64_t{split} * p.num_rows + t) * p.num_q_heads + hq;
       auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + grp * 32);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
+      for (int j = 0; j < 8; ++j)
+        dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
       if (grp == 0) p.partial_lse[vec] = lse;
     }
   }
@@ -619,9 +622,9 @@ void launch_attention(const AttentionParams& p, DType cache, DType q, dim3 grid,
     case DType::kFp8E5m2: by_q.template operator()<KvFormat::kE5m2>(); break;
     case DType::kNvfp4: by_q.template operator()<KvFormat::kNvfp4>(); break;
     default:
-      throw Error(ErrorKind::kUnsupported,
-                  detail::concat("the CUDA attention has no kernel for a cache of ",
-                                 to_string(cache)));
+      throw Error(
+          ErrorKind::kUnsupported,
+          detail::concat("the CUDA attention has no kernel for a cache of ", to_string(cache)));
   }
 }
 

@@ -22,9 +22,9 @@ namespace flashmsa::cuda {
 // Where and how final output vectors are stored (bf16 / fp16 / fp32 rows, or MXFP8).
 struct AttentionStore {
   void* out = nullptr;
-  DType dtype = DType::kBf16;                 // bf16, fp16, fp32, or fp8_e4m3 for MXFP8
+  DType dtype = DType::kBf16;                    // bf16, fp16, fp32, or fp8_e4m3 for MXFP8
   std::int64_t row_stride = 0, head_stride = 0;  // elements (MXFP8: bytes of a row; head = D)
-  float* lse = nullptr;                       // optional [T, Hq]
+  float* lse = nullptr;                          // optional [T, Hq]
   std::int64_t lse_row_stride = 0, lse_head_stride = 0;
   std::uint8_t* mxfp8_scales = nullptr;
   std::int64_t mxfp8_scale_cols = 0;
@@ -40,16 +40,16 @@ struct KvPlane {
 };
 
 struct AttentionParams {
-  const void* q = nullptr;  // [T, Hq, D] bf16 or fp16
+  const void* q = nullptr;                           // [T, Hq, D] bf16 or fp16
   std::int64_t q_row_stride = 0, q_head_stride = 0;  // elements
   KvPlane k, v, k_scales, v_scales;                  // scales: NVFP4 only
   std::int64_t num_pages = 0;
   const std::int32_t* block_table = nullptr;  // [B, max_blocks]
   std::int64_t table_stride = 0;
   std::int32_t max_blocks = 0;
-  std::int32_t group = 16;       // q heads per kv head (<= 16: one warp's MMA rows)
+  std::int32_t group = 16;  // q heads per kv head (<= 16: one warp's MMA rows)
   std::int32_t num_q_heads = 64;
-  float score_scale_log2 = 0;    // softmax scale * k_scale * log2(e): scores in log2 units
+  float score_scale_log2 = 0;  // softmax scale * k_scale * log2(e): scores in log2 units
   float v_scale = 1.0f;
   RowMap rows;
   const std::int32_t* tile_offset = nullptr;  // prefill: [B + 1] first tile of each request
@@ -58,8 +58,8 @@ struct AttentionParams {
   const std::int32_t* topk = nullptr;
   std::int64_t topk_stride[3] = {};
   std::int32_t topk_width = 0;
-  std::int32_t splits = 1;  // grid.z: each split takes a share of the tile's pages
-  AttentionStore store;     // final outputs (splits == 1)
+  std::int32_t splits = 1;       // grid.z: each split takes a share of the tile's pages
+  AttentionStore store;          // final outputs (splits == 1)
   float* partial_out = nullptr;  // splits > 1: [splits, T, Hq, D] fp32, normalised per split
   float* partial_lse = nullptr;  // [splits, T, Hq] natural log-sum-exp of each split
 };
