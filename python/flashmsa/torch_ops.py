@@ -50,6 +50,15 @@ def _device_args(t: torch.Tensor, workspace_bytes=None) -> dict:
     return extra
 
 
+def _index_device_args(c, index_q, seq_lens, block_table) -> dict:
+    return _device_args(index_q, lambda: _C.index_workspace_bytes(
+        c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
+
+
+def _attention_device_args(c, q, seq_lens) -> dict:
+    return _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
+
+
 def _index_cache(index_cache: torch.Tensor, index_dtype: str):
     # An index cache is the same strided structure as a one-head "separate" main cache plane.
     return _C.index_cache_view(index_dtype, index_cache)
@@ -67,8 +76,7 @@ def index_prefill(index_q: torch.Tensor, index_cache: torch.Tensor, cu_seqlens_q
     """Top-k block ids, int32 [4, T, topk], for index_q [T, 4, 128] over a ragged batch."""
     c = _config(topk, topk_order, index_dtype, "bf16")
     out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
-    extra = _device_args(index_q, lambda: _C.index_workspace_bytes(
-        c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
+    extra = _index_device_args(c, index_q, seq_lens, block_table)
     _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype), cu_seqlens_q, seq_lens,
                      block_table, out=out, **extra)
     return out
@@ -87,8 +95,7 @@ def index_decode(index_q: torch.Tensor, index_cache: torch.Tensor, seq_lens: tor
     """Top-k block ids, int32 [4, B * decode_query_len, topk], for decode rows."""
     c = _config(topk, topk_order, index_dtype, "bf16")
     out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
-    extra = _device_args(index_q, lambda: _C.index_workspace_bytes(
-        c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
+    extra = _index_device_args(c, index_q, seq_lens, block_table)
     _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype), seq_lens, block_table,
                     decode_query_len=decode_query_len, out=out, **extra)
     return out
@@ -110,7 +117,7 @@ def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
     """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out [T, 64, 128]
     (and the natural-log log-sum-exp into lse [T, 64] fp32 when given)."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
-    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
+    extra = _attention_device_args(c, q, seq_lens)
     _C.sparse_attention_prefill(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                 k_scale, v_scale),
                                 cu_seqlens_q, seq_lens, block_table, topk, out, lse=lse, **extra)
@@ -137,7 +144,7 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
     (uint8 [T, 256] row-major, or the 128x4-swizzled buffer with scale_layout="swizzled"),
     bit-identical to quantizing the bf16 output. lse [T, 64] fp32 when given."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
-    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
+    extra = _attention_device_args(c, q, seq_lens)
     _C.sparse_attention_decode(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
                                                k_scale, v_scale),
                                seq_lens, block_table, topk, out,
@@ -161,7 +168,7 @@ def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optiona
     """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache, into
     out (and lse [T, 64] fp32 when given)."""
     c = _config(16, "ascending", "bf16", kv_dtype)
-    extra = _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
+    extra = _attention_device_args(c, q, seq_lens)
     _C.dense_attention(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale,
                                        v_scale),
                        cu_seqlens_q, seq_lens, block_table, out, lse=lse, **extra)
