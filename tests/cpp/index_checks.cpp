@@ -126,10 +126,10 @@ void check_properties(const Scenario& s, const IndexRun& run) {
 
 std::vector<IndexCase> index_cases() {
   return {IndexCase{"bf16_ascending", DType::kBf16, TopkOrder::kAscending, 0, 1, 4},
-                      IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
-                      IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
-                      IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
-                      IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}};
+          IndexCase{"e4m3_score_desc", DType::kFp8E4m3, TopkOrder::kScoreDesc, 0, 1, 4},
+          IndexCase{"nvfp4_local_last", DType::kNvfp4, TopkOrder::kLocalLast, 0, 1, 4},
+          IndexCase{"bf16_init1_local2", DType::kBf16, TopkOrder::kAscending, 1, 2, 4},
+          IndexCase{"bf16_group2", DType::kBf16, TopkOrder::kScoreDesc, 0, 1, 8}};
 }
 
 Config config_for(const IndexCase& ic) {
@@ -143,8 +143,8 @@ Config config_for(const IndexCase& ic) {
 }
 
 std::vector<RequestShape> index_edge_grid() {
-  return {{0, 1},    {0, 127},  {0, 128},   {0, 129},  {100, 155}, {0, 256},
-          {200, 57}, {1900, 8}, {2040, 7},  {2000, 48}, {2040, 9},  {4000, 97}};
+  return {{0, 1},    {0, 127},  {0, 128},  {0, 129},   {100, 155}, {0, 256},
+          {200, 57}, {1900, 8}, {2040, 7}, {2000, 48}, {2040, 9},  {4000, 97}};
 }
 
 IndexRun run_cpu_indexer(const Scenario& s, bool checked) {

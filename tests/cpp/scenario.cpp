@@ -143,4 +143,12 @@ Scenario make_decode(const Config& config, const std::vector<std::int64_t>& seq_
   return s;
 }
 
+void change_decode_batch(Scenario& s, const std::vector<std::int32_t>& seq_lens) {
+  s.seq_lens.assign(seq_lens.begin(), seq_lens.end());  // same size: the buffer stays in place
+  std::swap(s.block_table[0], s.block_table[1]);
+  const std::int64_t w = s.max_blocks;
+  for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
+  s.rows = ref::decode_rows(s.seq_lens, s.decode_query_len);
+}
+
 }  // namespace flashmsa::test

@@ -50,6 +50,11 @@ struct Scenario {
 // Prefill batch: requests (prefix_len, query_len). All L = prefix + query tokens are in the cache.
 Scenario make_prefill(const Config& config, const std::vector<RequestShape>& requests,
                       std::uint64_t seed, KvLayout layout = KvLayout::kPacked);
+// Changes a decode batch of 4 requests in place, the shapes kept, as a graph-replay test needs:
+// lengths set to `seq_lens` (no longer than the written tokens), request 0's first two pages
+// swapped, request 3 put on request 1's pages; the row positions follow.
+void change_decode_batch(Scenario& s, const std::vector<std::int32_t>& seq_lens);
+
 // Decode batch: seq_lens per request (0: padding), decode_query_len rows each.
 Scenario make_decode(const Config& config, const std::vector<std::int64_t>& seq_lens,
                      int decode_query_len, std::uint64_t seed, KvLayout layout = KvLayout::kPacked);

@@ -30,6 +30,12 @@ std::vector<T> download(const void* device, std::size_t count) {
   return host;
 }
 
+// A device byte buffer as the uint8 workspace tensor the CUDA ops take.
+inline TensorView workspace_view(const DeviceBuffer<std::uint8_t>& buffer) {
+  return TensorView::contiguous(buffer.get(), DType::kUint8,
+                                {static_cast<std::int64_t>(buffer.size())}, Device::kCuda);
+}
+
 // Mirrors arbitrary host memory (tensors, cache planes, overlapping or not) to the device, runs
 // an op on the translated views and copies everything back: any host-view test becomes a GPU
 // test of the same bytes.
@@ -144,14 +150,13 @@ struct DeviceScenario {
     const IndexCacheView& ix = s.cm->index_cache();
     index_cache = ix;
     index_cache.device = Device::kCuda;
-    index_cache.k.data = mirror(ix.k.data, IndexCacheView::buffer_bytes(ix.dtype, ix.num_pages,
-                                                                         ix.index_dim, false,
-                                                                         ix.page_size));
+    index_cache.k.data = mirror(
+        ix.k.data,
+        IndexCacheView::buffer_bytes(ix.dtype, ix.num_pages, ix.index_dim, false, ix.page_size));
     if (ix.block_scale.data) {
-      index_cache.block_scale.data =
-          mirror(ix.block_scale.data,
-                 IndexCacheView::buffer_bytes(ix.dtype, ix.num_pages, ix.index_dim, true,
-                                              ix.page_size));
+      index_cache.block_scale.data = mirror(
+          ix.block_scale.data,
+          IndexCacheView::buffer_bytes(ix.dtype, ix.num_pages, ix.index_dim, true, ix.page_size));
     }
     index_q = on_device(s.index_q_view());
     q = on_device(s.q_view());

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <vector>
 
 #include "flashmsa/error.hpp"
@@ -46,6 +47,34 @@ class DeviceBuffer {
  private:
   T* ptr_ = nullptr;
   size_t n_;
+};
+
+// Work captured once into a CUDA graph on its own stream, replayed (and waited for) on demand.
+class CapturedGraph {
+ public:
+  explicit CapturedGraph(const std::function<void(cudaStream_t)>& work) {
+    FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    work(stream_);
+    FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream_, &graph_));
+    FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  CapturedGraph(const CapturedGraph&) = delete;
+  CapturedGraph& operator=(const CapturedGraph&) = delete;
+  ~CapturedGraph() {
+    cudaGraphExecDestroy(exec_);
+    cudaGraphDestroy(graph_);
+    cudaStreamDestroy(stream_);
+  }
+  void replay() const {
+    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
+    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream_));
+  }
+
+ private:
+  cudaStream_t stream_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
 };
 
 }  // namespace flashmsa::test

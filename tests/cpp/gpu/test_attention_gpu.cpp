@@ -48,8 +48,7 @@ void run_on_gpu(const AttentionCall& call) {
   const std::int64_t requests = call.prefill.seq_lens.shape[0];
   test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(std::max<std::int64_t>(
       1, attention_workspace_bytes(call.config, call.q.shape[0], requests))));
-  d.out.workspace = TensorView::contiguous(
-      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
+  d.out.workspace = test::workspace_view(workspace);
   test::run_attention_call(d);
   FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   m.download();
@@ -145,24 +144,17 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   test::DeviceBuffer<std::uint8_t> workspace(
       static_cast<std::size_t>(attention_workspace_bytes(s.config, 64, 32)));  // capacity
   AttentionOutputs dev_out{m.device(out_view), m.device(lse_view)};
-  dev_out.workspace = TensorView::contiguous(
-      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
-  cudaStream_t stream;
-  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()),
-                          {m.device(batch.seq_lens), m.device(batch.block_table), 2},
-                          m.device(topk_view), dev_out, {.stream = stream});
-  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  dev_out.workspace = test::workspace_view(workspace);
+  const test::CapturedGraph graph([&](cudaStream_t stream) {
+    sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()),
+                            {m.device(batch.seq_lens), m.device(batch.block_table), 2},
+                            m.device(topk_view), dev_out, {.stream = stream});
+  });
 
   auto replay_and_check = [&](const char* what) {
     SCOPED_TRACE(what);
     poison();
-    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    graph.replay();
     m.download();
     test::check_attention_output(s, topk, k, DType::kBf16, out, lse, DType::kBf16);
   };
@@ -170,18 +162,10 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
 
   // Shorter requests, a padding row turned live on request 1's pages, request 1 turned
   // padding, two pages of request 0 swapped; new top-k lists for the new lengths.
-  s.seq_lens = {2500, 0, 650, 1500};
-  std::swap(s.block_table[0], s.block_table[1]);
-  const std::int64_t w = s.max_blocks;
-  for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
-  s.rows = ref::decode_rows(s.seq_lens, 2);
+  test::change_decode_batch(s, {2500, 0, 650, 1500});
   const auto new_topk = test::indexer_topk(s);
   std::copy(new_topk.begin(), new_topk.end(), topk.begin());
   replay_and_check("after the batch changed");
-
-  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
-  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
-  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 // The whole decode step (indexer, top-k, attention) in one graph on one workspace sized by
@@ -209,24 +193,18 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
   m.upload();
   test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
       decode_workspace_bytes(s.config, 16, 4, s.max_blocks)));  // capacity: 16 x dql 4
-  const TensorView ws = TensorView::contiguous(
-      workspace.get(), DType::kUint8, {static_cast<std::int64_t>(workspace.size())}, Device::kCuda);
+  const TensorView ws = test::workspace_view(workspace);
   const DecodeBatch dev_batch{m.device(batch.seq_lens), m.device(batch.block_table), 3};
   IndexOutputs index_out{m.device(topk_view)};
   index_out.workspace = ws;
   AttentionOutputs attention_out{m.device(out_view), m.device(lse_view)};
   attention_out.workspace = ws;
-  cudaStream_t stream;
-  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out,
-               {.stream = stream});
-  sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()), dev_batch,
-                          index_out.topk, attention_out, {.stream = stream});
-  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const test::CapturedGraph graph([&](cudaStream_t stream) {
+    index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out,
+                 {.stream = stream});
+    sparse_attention_decode(s.config, m.device(q), m.device(s.cm->kv_cache()), dev_batch,
+                            index_out.topk, attention_out, {.stream = stream});
+  });
   for (const std::vector<std::int32_t>& lens :
        {std::vector<std::int32_t>{3000, 700, 0, 1900}, {2200, 0, 0, 1901}}) {
     SCOPED_TRACE(::testing::Message() << "seq_lens " << lens[0] << ", " << lens[1] << ", "
@@ -236,14 +214,10 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
     std::fill(out.begin(), out.end(), 0xFF);
     std::fill(lse.begin(), lse.end(), 777.0f);
     m.refresh();
-    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    graph.replay();
     m.download();
     test::check_attention_output(s, topk, k, DType::kBf16, out, lse, DType::kBf16);
   }
-  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
-  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
-  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST(AttentionGpuErrors, WorkspaceAndWidth) {

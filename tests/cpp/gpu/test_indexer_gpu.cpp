@@ -39,8 +39,8 @@ struct GpuIndexOutputs {
     topk_buffer = d.output(DType::kInt32, {topk_count + 2 * kCanary});
     score_buffer = d.output(DType::kFp32, {score_count + 2 * kCanary});
     const std::int64_t requests = static_cast<std::int64_t>(s.seq_lens.size());
-    workspace = d.output(DType::kUint8, {index_workspace_bytes(s.config, s.num_rows, requests,
-                                                               s.max_blocks)});
+    workspace = d.output(DType::kUint8,
+                         {index_workspace_bytes(s.config, s.num_rows, requests, s.max_blocks)});
     views.topk = TensorView::contiguous(topk_buffer.as<std::int32_t>() + kCanary, DType::kInt32,
                                         {hkv, s.num_rows, k}, Device::kCuda);
     views.block_scores = TensorView::contiguous(score_buffer.as<float>() + kCanary, DType::kFp32,
@@ -104,7 +104,8 @@ void check_gpu(const Scenario& s, int max_near_ties = 2) {
   const std::int64_t k = s.config.sparse_topk_blocks;
   int rows_differing = 0;
   for (std::size_t i = 0; i < gpu.topk.size(); i += k) {
-    rows_differing += !std::equal(gpu.topk.begin() + i, gpu.topk.begin() + i + k, cpu.topk.begin() + i);
+    rows_differing +=
+        !std::equal(gpu.topk.begin() + i, gpu.topk.begin() + i + k, cpu.topk.begin() + i);
   }
   EXPECT_LE(rows_differing, 2 * max_near_ties) << "selections differing from the CPU backend";
 }
@@ -120,15 +121,15 @@ TEST_P(IndexerGpu, DecodeMatchesOracleWithPaddingRows) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   for (int q : {1, 2, 3, 4, 16}) {
     SCOPED_TRACE(q);
-    check_gpu(test::make_decode(test::config_for(GetParam()), {2049, 0, 1, 128, 3000, 0, 17 * 128}, q,
-                                40 + q));
+    check_gpu(test::make_decode(test::config_for(GetParam()), {2049, 0, 1, 128, 3000, 0, 17 * 128},
+                                q, 40 + q));
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, IndexerGpu,
-    ::testing::ValuesIn(test::index_cases()),
-    [](const ::testing::TestParamInfo<test::IndexCase>& param_info) { return param_info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, IndexerGpu, ::testing::ValuesIn(test::index_cases()),
+                         [](const ::testing::TestParamInfo<test::IndexCase>& param_info) {
+                           return param_info.param.name;
+                         });
 
 // Rows of 1000+ candidate blocks exercise the radix select; top-k 64 is the largest supported.
 TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
@@ -194,19 +195,12 @@ TEST(IndexerGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   Scenario s = test::make_decode(Config{}, {3000, 2000, 700, 0}, 2, 21);
   DeviceScenario d(s);
   GpuIndexOutputs out(s, d);
-  cudaStream_t stream;
-  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  launch(s, d, out.views, {.stream = stream});
-  FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
-  FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  const test::CapturedGraph graph(
+      [&](cudaStream_t stream) { launch(s, d, out.views, {.stream = stream}); });
 
   auto replay_and_check = [&](const char* what) {
     SCOPED_TRACE(what);
-    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
-    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    graph.replay();
     const IndexRun run = out.download();
     test::check_properties(s, run);
     EXPECT_LE(test::check_against_oracle(s, run), 2);
@@ -215,20 +209,12 @@ TEST(IndexerGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
 
   // Shorter requests (longer ones would read unwritten garbage), a padding row turned live on
   // request 1's pages, request 1 turned padding, two pages of request 0 swapped.
-  s.seq_lens = {2500, 0, 650, 1500};
-  std::swap(s.block_table[0], s.block_table[1]);
-  const std::int64_t w = s.max_blocks;
-  for (std::int64_t b = 0; b < w; ++b) s.block_table[3 * w + b] = s.block_table[1 * w + b];
-  s.rows = ref::decode_rows(s.seq_lens, 2);
+  test::change_decode_batch(s, {2500, 0, 650, 1500});
   FLASHMSA_CHECK_CUDA(cudaMemcpy(d.prefill.seq_lens.data, s.seq_lens.data(), 4 * s.seq_lens.size(),
                                  cudaMemcpyHostToDevice));
   FLASHMSA_CHECK_CUDA(cudaMemcpy(d.prefill.block_table.data, s.block_table.data(),
                                  4 * s.block_table.size(), cudaMemcpyHostToDevice));
   replay_and_check("after the batch changed");
-
-  FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
-  FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
-  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 TEST(IndexerGpuErrors, WorkspaceAndCheckedMode) {
@@ -252,8 +238,7 @@ TEST(IndexerGpuErrors, WorkspaceAndCheckedMode) {
     launch(s, d, out.views, {.checked = true});
     FAIL() << "the checked mode missed a bad block table entry";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("batch.block_table[0][1]"), std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch.block_table[0][1]"), std::string::npos) << e.what();
   }
   // Unchecked, the same batch runs without touching memory outside the caches.
   launch(s, d, out.views);
