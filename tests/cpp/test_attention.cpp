@@ -28,9 +28,11 @@ TEST_P(Attention, SparseDecodeWithPaddingMatchesOracle) {
   test::check_sparse_decode(GetParam(), kCpu, {1, 3});
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CacheDtypesAndLayouts, Attention, ::testing::ValuesIn(test::attention_cases()),
-    [](const ::testing::TestParamInfo<test::AttnCase>& param_info) { return param_info.param.name; });
+INSTANTIATE_TEST_SUITE_P(CacheDtypesAndLayouts, Attention,
+                         ::testing::ValuesIn(test::attention_cases()),
+                         [](const ::testing::TestParamInfo<test::AttnCase>& param_info) {
+                           return param_info.param.name;
+                         });
 
 TEST(Attention, AdversarialTopkListsAreIgnoredNotRead) {
   test::check_adversarial_topk(kCpu);
@@ -52,6 +54,10 @@ TEST(Attention, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
 // decode batch (the CUDA ops require exactly these sizes; the GPU graph test runs on such a
 // buffer).
 TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
+  // Batches that fill the GPU without splitting need no partials.
+  EXPECT_EQ(
+      detail::attention_decode_layout(detail::kAttentionDecodeTargetCtas, 1, 64, 4, 128, 64).bytes,
+      0);
   const Config c;
   const std::int64_t capacity = decode_workspace_bytes(c, 48, 4, 300);
   for (std::int64_t b = 1; b <= 48; ++b) {
@@ -63,7 +69,11 @@ TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
       }
     }
   }
-  EXPECT_GE(attention_workspace_bytes(c, 64, 64), detail::attention_prefill_layout(64).bytes);
+  // A capacity past the split threshold still covers the small batches that do split.
+  const std::int64_t large = decode_workspace_bytes(c, 1000, 4, 300);
+  for (std::int64_t b = 1; b <= 200; ++b) {
+    EXPECT_GE(large, detail::attention_decode_layout(b, 4, 64, 4, 128, 64).bytes) << b;
+  }
 }
 
 TEST(Attention, ArgumentErrors) {
