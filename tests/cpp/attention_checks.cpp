@@ -219,16 +219,25 @@ std::vector<AttnCase> attention_cases() {
   };
 }
 
+namespace {
+
+// The case's scales on the scenario, the indexer's selection, then the oracle check.
+void check_sparse_case(Scenario& s, const AttnCase& ac, const AttentionBackend& b) {
+  s.k_scale = ac.k_scale;
+  s.v_scale = ac.v_scale;
+  const auto topk = indexer_topk(s);
+  const std::int64_t width = s.config.sparse_topk_blocks;
+  const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, ac.out_dtype, b.run);
+  check_against_oracle(s, run, &topk, width, b.probabilities);
+}
+
+}  // namespace
+
 void check_sparse_prefill(const AttnCase& ac, const AttentionBackend& b, Config base) {
   Config c = base;
   c.kv_cache_dtype = ac.kv_dtype;
   Scenario s = make_prefill(c, kGrid, 61, ac.layout);
-  s.k_scale = ac.k_scale;
-  s.v_scale = ac.v_scale;
-  const auto topk = indexer_topk(s);
-  const AttnRun run =
-      run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
-  check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
+  check_sparse_case(s, ac, b);
 }
 
 void check_sparse_decode(const AttnCase& ac, const AttentionBackend& b, std::vector<int> dqls,
@@ -238,12 +247,7 @@ void check_sparse_decode(const AttnCase& ac, const AttentionBackend& b, std::vec
   for (int q : dqls) {
     SCOPED_TRACE(::testing::Message() << "decode_query_len " << q);
     Scenario s = make_decode(c, {2049, 0, 1, 300, 17 * 128 + 5}, q, 70 + q, ac.layout);
-    s.k_scale = ac.k_scale;
-    s.v_scale = ac.v_scale;
-    const auto topk = indexer_topk(s);
-    const AttnRun run =
-        run_attention(s, Kind::kSparse, &topk, c.sparse_topk_blocks, ac.out_dtype, b.run);
-    check_against_oracle(s, run, &topk, c.sparse_topk_blocks, b.probabilities);
+    check_sparse_case(s, ac, b);
   }
 }
 

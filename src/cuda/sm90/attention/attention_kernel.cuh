@@ -176,15 +176,7 @@ __device__ Tile find_tile(const AttentionParams& p) {
   const std::int32_t total = p.tile_offset[m.num_requests];
   const std::int32_t i = total - 1 - static_cast<std::int32_t>(blockIdx.x);
   if (i < 0) return tile;
-  std::int32_t lo = 0, hi = m.num_requests;  // last request whose first tile is <= i
-  while (hi - lo > 1) {
-    const std::int32_t mid = (lo + hi) / 2;
-    if (p.tile_offset[mid] <= i) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
+  const std::int32_t lo = m.request_of_tile(p.tile_offset, i);
   const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
   tile.request = lo;
   tile.row = begin + std::int64_t{i - p.tile_offset[lo]} * Traits::kRows;

@@ -139,15 +139,7 @@ __device__ Tile find_tile(const IndexScoreParams& p, int rows_per_tile) {
   }
   const std::int32_t i = static_cast<std::int32_t>(blockIdx.x);
   if (i >= p.tile_offset[m.num_requests]) return tile;
-  std::int32_t lo = 0, hi = m.num_requests;  // last request whose first tile is <= i
-  while (hi - lo > 1) {
-    const std::int32_t mid = (lo + hi) / 2;
-    if (p.tile_offset[mid] <= i) {
-      lo = mid;
-    } else {
-      hi = mid;
-    }
-  }
+  const std::int32_t lo = m.request_of_tile(p.tile_offset, i);
   const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
   const std::int64_t first = max64(begin, p.chunk.begin), last = min64(end, p.chunk.end);
   tile.request = lo;

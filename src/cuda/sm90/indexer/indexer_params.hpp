@@ -23,7 +23,7 @@ struct RowMap {
   const std::int32_t* seq_lens = nullptr;  // [B] L_r
   std::int64_t seq_lens_stride = 1;
   std::int32_t num_requests = 0;
-  std::int32_t decode_query_len = 0;  // > 0: uniform decode rows
+  std::int32_t decode_query_len = 0;            // > 0: uniform decode rows
   const std::int32_t* request_begin = nullptr;  // prefill: [B] first row (workspace)
   const std::int32_t* request_end = nullptr;    // prefill: [B] one past the last row
 
@@ -45,6 +45,20 @@ struct RowMap {
     }
     return lo < num_requests && request_begin[lo] <= t ? lo : -1;
   }
+  // Prefill tiles: the request owning tile i, given each request's first tile
+  // (tile_offset [B + 1], non-decreasing; i < tile_offset[B]).
+  __device__ std::int32_t request_of_tile(const std::int32_t* tile_offset, std::int32_t i) const {
+    std::int32_t lo = 0, hi = num_requests;  // last request whose first tile is <= i
+    while (hi - lo > 1) {
+      const std::int32_t mid = (lo + hi) / 2;
+      if (tile_offset[mid] <= i) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo;
+  }
   __device__ std::int64_t position(std::int64_t t) const {
     const std::int32_t r = request_of(t);
     if (r < 0) return -1;
@@ -65,11 +79,11 @@ struct IndexChunk {
 };
 
 struct IndexScoreParams {
-  const void* index_q = nullptr;  // [T, Hidx, Di] bf16, or e4m3 (fp8 indexer)
+  const void* index_q = nullptr;                     // [T, Hidx, Di] bf16, or e4m3 (fp8 indexer)
   std::int64_t q_row_stride = 0, q_head_stride = 0;  // elements
   const std::byte* keys = nullptr;  // index-K plane: (page, token) rows of Di values
   std::int64_t key_page_stride = 0, key_token_stride = 0;  // bytes
-  const std::byte* key_scales = nullptr;  // NVFP4 scale plane
+  const std::byte* key_scales = nullptr;                   // NVFP4 scale plane
   std::int64_t scale_page_stride = 0, scale_token_stride = 0;
   std::int64_t num_pages = 0;
   const std::int32_t* block_table = nullptr;  // [B, max_blocks]
