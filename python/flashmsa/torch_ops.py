@@ -11,6 +11,10 @@ boundary:
   index_cache: [pages, 128, Di] bf16 or fp8_e4m3.
 
 The layer configuration is MiniMax-M3's except for the arguments given (top-k, order, scales).
+The attention ops take their optional outputs (``lse``, and ``mxfp8_scales`` for decode) as
+required arguments, ``None`` for none: torch releases up to 2.11 drop a mutated argument left at
+its default before bumping its version counter and fail with "tuple index out of range", so a
+mutated tensor must never have a default.
 Outputs are written into the ``out`` tensors the caller passes, so the ops allocate nothing but
 the top-k result of the index ops and, for CUDA tensors, their device workspace (from torch's
 caching allocator, so a captured CUDA graph keeps it). CUDA tensors run on the current torch
@@ -111,9 +115,10 @@ def _(index_q, index_cache, seq_lens, block_table, decode_query_len=1, topk=16,
 def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                              kv_cache_v: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor,
                              seq_lens: torch.Tensor, block_table: torch.Tensor,
-                             topk: torch.Tensor, out: torch.Tensor, kv_layout: str = "packed",
+                             topk: torch.Tensor, out: torch.Tensor,
+                             lse: Optional[torch.Tensor], kv_layout: str = "packed",
                              kv_dtype: str = "bf16", k_scale: float = 1.0,
-                             v_scale: float = 1.0, lse: Optional[torch.Tensor] = None) -> None:
+                             v_scale: float = 1.0) -> None:
     """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out [T, 64, 128]
     (and the natural-log log-sum-exp into lse [T, 64] fp32 when given)."""
     c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
@@ -124,8 +129,8 @@ def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
 
 
 @sparse_attention_prefill.register_fake
-def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out,
-      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None):
+def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out, lse,
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
     return None
 
 
@@ -134,11 +139,10 @@ def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out,
 def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
                             kv_cache_v: Optional[torch.Tensor], seq_lens: torch.Tensor,
                             block_table: torch.Tensor, topk: torch.Tensor, out: torch.Tensor,
+                            lse: Optional[torch.Tensor], mxfp8_scales: Optional[torch.Tensor],
                             decode_query_len: int = 1, kv_layout: str = "packed",
                             kv_dtype: str = "bf16", k_scale: float = 1.0,
-                            v_scale: float = 1.0, lse: Optional[torch.Tensor] = None,
-                            mxfp8_scales: Optional[torch.Tensor] = None,
-                            scale_layout: str = "row_major") -> None:
+                            v_scale: float = 1.0, scale_layout: str = "row_major") -> None:
     """Decode attention of q [B * decode_query_len, 64, 128] into out [T, 64, 128]; with
     mxfp8_scales, out is uint8 [T, 64 * 128] E4M3 codes and mxfp8_scales the E8M0 scales
     (uint8 [T, 256] row-major, or the 128x4-swizzled buffer with scale_layout="swizzled"),
@@ -153,18 +157,17 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
 
 
 @sparse_attention_decode.register_fake
-def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, decode_query_len=1,
-      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None,
-      mxfp8_scales=None, scale_layout="row_major"):
+def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, lse, mxfp8_scales,
+      decode_query_len=1, kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0,
+      scale_layout="row_major"):
     return None
 
 
 @torch.library.custom_op("flashmsa::dense_attention", mutates_args=("out", "lse"))
 def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
-                    out: torch.Tensor, kv_layout: str = "packed", kv_dtype: str = "bf16",
-                    k_scale: float = 1.0, v_scale: float = 1.0,
-                    lse: Optional[torch.Tensor] = None) -> None:
+                    out: torch.Tensor, lse: Optional[torch.Tensor], kv_layout: str = "packed",
+                    kv_dtype: str = "bf16", k_scale: float = 1.0, v_scale: float = 1.0) -> None:
     """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache, into
     out (and lse [T, 64] fp32 when given)."""
     c = _config(16, "ascending", "bf16", kv_dtype)
@@ -175,8 +178,8 @@ def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optiona
 
 
 @dense_attention.register_fake
-def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, out, kv_layout="packed",
-      kv_dtype="bf16", k_scale=1.0, v_scale=1.0, lse=None):
+def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, out, lse, kv_layout="packed",
+      kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
     return None
 
 

@@ -45,7 +45,7 @@ def test_ops_equal_direct_calls():
                                     cu, lens, table)
     assert (topk.numpy() == direct).all()
     out = torch.empty_like(q)
-    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk, out)
+    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk, out, None)
     ref = torch.empty_like(q)
     flashmsa.sparse_attention_prefill(flashmsa.Config(), q, flashmsa.kv_cache("packed", "bf16", kv),
                                       cu, lens, table, topk, ref)
@@ -55,7 +55,7 @@ def test_ops_equal_direct_calls():
 def prefill_layer(q, iq, kv, index, cu, lens, table):
     topk = torch.ops.flashmsa.index_prefill(iq, index, cu, lens, table)
     out = torch.empty_like(q)
-    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk, out)
+    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk, out, None)
     return out * 1.0
 
 
@@ -77,7 +77,7 @@ def test_opcheck():
     topk = torch.ops.flashmsa.index_prefill(iq, index, cu, lens, table)
     out = torch.empty_like(q)
     torch.library.opcheck(torch.ops.flashmsa.sparse_attention_prefill.default,
-                          (q, kv, None, cu, lens, table, topk, out),
+                          (q, kv, None, cu, lens, table, topk, out, None),
                           test_utils=("test_schema", "test_faketensor"))
     dql_rows = torch.randn((4, 4, DI)).to(torch.bfloat16)
     torch.library.opcheck(torch.ops.flashmsa.index_decode.default,
@@ -100,13 +100,15 @@ def test_cuda_ops_match_the_cpu_backend():
     kv, index, cu, lens, table, q, iq = make_inputs(3)
     topk_cpu = torch.ops.flashmsa.index_prefill(iq, index, cu, lens, table)
     out_cpu = torch.empty_like(q)
-    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk_cpu, out_cpu)
+    torch.ops.flashmsa.sparse_attention_prefill(q, kv, None, cu, lens, table, topk_cpu, out_cpu,
+                                                None)
     kv_d, index_d, cu_d, lens_d, table_d, q_d, iq_d = (t.cuda() for t in
                                                         (kv, index, cu, lens, table, q, iq))
     topk = torch.ops.flashmsa.index_prefill(iq_d, index_d, cu_d, lens_d, table_d)
     assert torch.equal(topk.cpu(), topk_cpu)
     out = torch.full_like(q_d, float("nan"))
-    torch.ops.flashmsa.sparse_attention_prefill(q_d, kv_d, None, cu_d, lens_d, table_d, topk, out)
+    torch.ops.flashmsa.sparse_attention_prefill(q_d, kv_d, None, cu_d, lens_d, table_d, topk, out,
+                                                None)
     assert_attention_close(out, out_cpu)
 
 
@@ -122,7 +124,7 @@ def test_cuda_graph_decode_replays_after_the_lengths_change():
     def step():
         topk = torch.ops.flashmsa.index_decode(iq_d, index_d, lens_d, table_d, dql)
         torch.ops.flashmsa.sparse_attention_decode(q_d, kv_d, None, lens_d, table_d, topk, out,
-                                                   dql)
+                                                   None, None, dql)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -141,7 +143,7 @@ def test_cuda_graph_decode_replays_after_the_lengths_change():
         topk_cpu = torch.ops.flashmsa.index_decode(iq[:rows], index, lens_cpu, table, dql)
         want = torch.empty_like(q[:rows])
         torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens_cpu, table, topk_cpu,
-                                                   want, dql)
+                                                   want, None, None, dql)
         assert_attention_close(out, want)
 
 
@@ -225,7 +227,7 @@ def test_producer_insert_and_dense_ops_equal_direct_calls():
 
     kv, index, cu, lens, table, q, iq = make_inputs(8)
     out, ref = torch.empty_like(q), torch.empty_like(q)
-    torch.ops.flashmsa.dense_attention(q, kv, None, cu, lens, table, out)
+    torch.ops.flashmsa.dense_attention(q, kv, None, cu, lens, table, out, None)
     flashmsa.dense_attention(flashmsa.Config(), q, flashmsa.kv_cache("packed", "bf16", kv), cu,
                              lens, table, ref)
     assert torch.equal(out, ref)
@@ -249,7 +251,8 @@ def test_opcheck_producer_insert_dense():
                           test_utils=checks)
     kv, index, cu, lens, table, q, iq = make_inputs(10)
     torch.library.opcheck(torch.ops.flashmsa.dense_attention.default,
-                          (q, kv, None, cu, lens, table, torch.empty_like(q)), test_utils=checks)
+                          (q, kv, None, cu, lens, table, torch.empty_like(q), None),
+                          test_utils=checks)
 
 
 @requires_cuda
@@ -269,14 +272,14 @@ def run_decode_outputs(kv, index, lens, table, q, iq, layout):
     topk = torch.ops.flashmsa.index_decode(iq[:rows], index, lens, table, dql)
     out = torch.empty_like(q[:rows])
     lse = torch.full((rows, 64), 777.0, device=q.device)
-    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, out, dql,
-                                               lse=lse)
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, out, lse,
+                                               None, dql)
     codes = torch.full((rows, 64 * D), 0xAA, dtype=torch.uint8, device=q.device)
     scale_bytes = rows * 256 if layout == "row_major" else 128 * 256
     scales = torch.full((scale_bytes,), 0xAA, dtype=torch.uint8, device=q.device)
     scales_arg = scales.view(rows, 256) if layout == "row_major" else scales
-    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, codes, dql,
-                                               mxfp8_scales=scales_arg, scale_layout=layout)
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, topk, codes, None,
+                                               scales_arg, dql, scale_layout=layout)
     return topk, out, lse, codes, scales
 
 
@@ -296,9 +299,9 @@ def test_decode_op_lse_and_mxfp8_equal_the_direct_call(layout):
         scale_layout=layout)
     assert torch.equal(codes, want_codes) and torch.equal(scales, want_scales)
     torch.library.opcheck(torch.ops.flashmsa.sparse_attention_decode.default,
-                          (q[:4], kv, None, lens, table, topk, codes, 2),
-                          {"mxfp8_scales": scales.view(4, 256) if layout == "row_major" else scales,
-                           "scale_layout": layout},
+                          (q[:4], kv, None, lens, table, topk, codes, None,
+                           scales.view(4, 256) if layout == "row_major" else scales, 2),
+                          {"scale_layout": layout},
                           test_utils=("test_schema", "test_faketensor"))
 
 

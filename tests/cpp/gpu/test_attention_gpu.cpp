@@ -173,7 +173,9 @@ TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
 // oracle over the top-k lists the graph itself produced.
 TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
-  Scenario s = test::make_decode(Config{}, {3000, 700, 0, 1900}, 3, 23);
+  // The cache holds 1901 tokens of the last request: the replays step it from 1900 to 1901 (a
+  // decode step's growth) while the others shrink; positions past the cache are never visible.
+  Scenario s = test::make_decode(Config{}, {3000, 700, 0, 1901}, 3, 23);
   const std::int64_t T = s.num_rows, k = s.config.sparse_topk_blocks;
   std::vector<std::int32_t> topk(static_cast<std::size_t>(4 * T * k), -5);
   std::vector<std::uint8_t> out(static_cast<std::size_t>(T * 64 * 128 * 2));
