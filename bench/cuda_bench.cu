@@ -1,9 +1,11 @@
 // flashmsa_cuda_bench: the CUDA kernels on an H100/H200 at MiniMax-M3 shapes, against ceilings
-// measured in the same run (HBM read stream, cuBLAS bf16 GEMM). CUDA events, warm-up, medians of
-// repeated runs with their coefficient of variation; decode steps are CUDA-graph replays, and
-// small working sets rotate through more than 2x the L2 so no run measures a warm cache.
+// measured in the same run (HBM read stream, cuBLAS bf16 GEMM, cuBLASLt fp8 E4M3 GEMM). CUDA
+// events, warm-up, medians of repeated runs with their coefficient of variation; decode steps are
+// CUDA-graph replays, and small working sets rotate through more than 2x the L2 so no run measures
+// a warm cache.
 //
 //   build/bench/flashmsa_cuda_bench [--json FILE]
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -140,6 +142,29 @@ void fill(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
   FLASHMSA_CHECK_LAUNCH();
 }
 
+// Random cache bytes that decode to finite values: E4M3 codes of magnitude <= 8, NVFP4 codes
+// (every nibble is valid) or E4M3 block scales in [0.25, 1).
+enum class ByteFill { kE4m3, kNvfp4Codes, kE4m3Scales };
+
+__global__ void fill_bytes_kernel(std::uint8_t* p, std::int64_t n, std::uint32_t seed,
+                                  ByteFill kind) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x) {
+    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
+    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
+    std::uint8_t b = static_cast<std::uint8_t>(h);
+    if (kind == ByteFill::kE4m3) b = static_cast<std::uint8_t>((b & 0x80u) | ((h >> 8) % 0x50u));
+    if (kind == ByteFill::kE4m3Scales) b = static_cast<std::uint8_t>(0x28u + (h >> 8) % 16u);
+    p[i] = b;
+  }
+}
+
+void fill_bytes(void* p, std::size_t n, std::uint32_t seed, ByteFill kind) {
+  fill_bytes_kernel<<<1024, 256>>>(static_cast<std::uint8_t*>(p), static_cast<std::int64_t>(n),
+                                   seed, kind);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
 struct Row {
   std::string name;
   double value, ceiling_fraction, cv, time_us;
@@ -155,7 +180,55 @@ void report(const std::string& name, double value, const std::string& unit, doub
   std::fflush(stdout);
 }
 
-double g_hbm_tbps = 0, g_gemm_tflops = 0;
+double g_hbm_tbps = 0, g_gemm_tflops = 0, g_fp8_gemm_tflops = 0;
+
+// cuBLASLt E4M3 x E4M3 -> bf16 GEMM n^3 (the layout fp8 needs: A transposed, B not), fp32
+// accumulation, unit scales: the fp8 tensor-core ceiling of the same run.
+void fp8_gemm_ceiling(int n) {
+  DeviceArray<std::uint8_t> a(std::size_t(n) * n), b(std::size_t(n) * n);
+  DeviceArray<std::uint16_t> c(std::size_t(n) * n);
+  DeviceArray<std::uint8_t> workspace(std::size_t{32} << 20);
+  fill_bytes(a.ptr, a.n, 3, ByteFill::kE4m3);
+  fill_bytes(b.ptr, b.n, 4, ByteFill::kE4m3);
+  cublasLtHandle_t lt;
+  BENCH_CHECK_CUBLAS(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t op;
+  BENCH_CHECK_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transposed = CUBLAS_OP_T, plain = CUBLAS_OP_N;
+  BENCH_CHECK_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &transposed,
+                                                    sizeof transposed));
+  BENCH_CHECK_CUBLAS(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &plain, sizeof plain));
+  cublasLtMatrixLayout_t la, lb, lc;
+  BENCH_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n));
+  BENCH_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n));
+  BENCH_CHECK_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  BENCH_CHECK_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const std::size_t ws_bytes = workspace.n;
+  BENCH_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws_bytes, sizeof ws_bytes));
+  cublasLtMatmulHeuristicResult_t algo{};
+  int found = 0;
+  BENCH_CHECK_CUBLAS(
+      cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &algo, &found));
+  if (found == 0) throw std::runtime_error("cuBLASLt has no fp8 GEMM algorithm here");
+  const float one = 1, zero = 0;
+  const Stat g = time_it(
+      [&](int) {
+        BENCH_CHECK_CUBLAS(cublasLtMatmul(lt, op, &one, a.ptr, la, b.ptr, lb, &zero, c.ptr, lc,
+                                          c.ptr, lc, &algo.algo, workspace.ptr, ws_bytes, 0));
+      },
+      10);
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  g_fp8_gemm_tflops = 2.0 * n * n * n / g.median_s / 1e12;
+  report("ceiling: cuBLASLt fp8 E4M3 GEMM 8192^3", g_fp8_gemm_tflops, "TFLOP/s", 1.0, g);
+}
 
 void ceilings() {
   const std::size_t bytes = std::size_t{4} << 30;
@@ -184,6 +257,7 @@ void ceilings() {
   cublasDestroy(h);
   g_gemm_tflops = 2.0 * n * n * n / g.median_s / 1e12;
   report("ceiling: cuBLAS bf16 GEMM 8192^3", g_gemm_tflops, "TFLOP/s", 1.0, g);
+  fp8_gemm_ceiling(n);
 }
 
 Config m3() {
@@ -410,28 +484,6 @@ void dense_prefill_attention(std::int64_t len) {
 
 // ---- Cache dtypes, the decode grid and end-to-end prefill (issue 9) -------------------------
 
-// Random cache bytes that decode to finite values: E4M3 codes of magnitude <= 8, NVFP4 codes
-// (every nibble is valid) or E4M3 block scales in [0.25, 1).
-enum class ByteFill { kE4m3, kNvfp4Codes, kE4m3Scales };
-
-__global__ void fill_bytes(std::uint8_t* p, std::int64_t n, std::uint32_t seed, ByteFill kind) {
-  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += std::int64_t{gridDim.x} * blockDim.x) {
-    std::uint32_t h = static_cast<std::uint32_t>(i) * 0x9E3779B1u ^ seed;
-    h ^= h >> 15, h *= 0x2C1B3C6Du, h ^= h >> 12, h *= 0x297A2D39u, h ^= h >> 15;
-    std::uint8_t b = static_cast<std::uint8_t>(h);
-    if (kind == ByteFill::kE4m3) b = static_cast<std::uint8_t>((b & 0x80u) | ((h >> 8) % 0x50u));
-    if (kind == ByteFill::kE4m3Scales) b = static_cast<std::uint8_t>(0x28u + (h >> 8) % 16u);
-    p[i] = b;
-  }
-}
-
-void fill_bytes(void* p, std::size_t n, std::uint32_t seed, ByteFill kind) {
-  fill_bytes<<<1024, 256>>>(static_cast<std::uint8_t*>(p), static_cast<std::int64_t>(n), seed,
-                            kind);
-  FLASHMSA_CHECK_LAUNCH();
-}
-
 struct CacheKind {
   const char* name;
   DType kv, index;
@@ -653,14 +705,16 @@ void decode_grid() {
 }
 
 // One prefill call end to end (indexer + top-k, then sparse attention) over requests of
-// (prefix, query) tokens, bf16 caches; index queries coherent or i.i.d.
+// (prefix, query) tokens, bf16 caches; index queries coherent or i.i.d. With dense_reps > 0 also
+// our dense causal attention over the same batch (the baseline that needs no indexer).
 struct PrefillResult {
-  Stat indexer, attention;
-  double indexer_flops = 0, attention_flops = 0, pages_per_tile = 0;
+  Stat indexer, attention, dense;
+  double indexer_flops = 0, attention_flops = 0, dense_flops = 0, pages_per_tile = 0;
 };
 
 PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
-                          const std::vector<std::int64_t>& query, bool coherent, int reps) {
+                          const std::vector<std::int64_t>& query, bool coherent, int reps,
+                          int dense_reps = 0) {
   const Config c = m3();
   const std::int64_t B = static_cast<std::int64_t>(query.size());
   std::int64_t rows = 0, max_blocks = 1, pages = 0;
@@ -702,6 +756,14 @@ PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
   res.indexer = time_it([&](int) { index_prefill(c, iqv, caches.index_view, batch, io); }, reps, 1);
   res.attention = time_it(
       [&](int) { sparse_attention_prefill(c, qv, caches.kv_view, batch, io.topk, ao); }, reps, 1);
+  if (dense_reps > 0) {
+    res.dense =
+        time_it([&](int) { dense_attention(c, qv, caches.kv_view, batch, ao); }, dense_reps, 1);
+    for (std::int64_t r = 0; r < B; ++r) {  // 4 * D per (q head, causal key)
+      const double p = static_cast<double>(prefix[r]), n = static_cast<double>(query[r]);
+      res.dense_flops += 4.0 * 128 * 64 * (p * n + n * (n + 1) / 2);
+    }
+  }
   // Useful FLOPs from the selections the indexer made.
   std::vector<std::int32_t> ids(topk.n);
   FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
@@ -739,6 +801,10 @@ void report_prefill(const std::string& name, const PrefillResult& r) {
   const Stat e2e{r.indexer.median_s + r.attention.median_s, std::max(r.indexer.cv, r.attention.cv)};
   const double total = (r.indexer_flops + r.attention_flops) / e2e.median_s / 1e12;
   report(name + ": end to end", total, "TFLOP/s", total / g_gemm_tflops, e2e);
+  if (r.dense_flops > 0) {
+    const double dense = r.dense_flops / r.dense.median_s / 1e12;
+    report(name + ": dense attention (ours)", dense, "TFLOP/s", dense / g_gemm_tflops, r.dense);
+  }
 }
 
 // Single requests of 8K / 32K / 128K and a chunked prefill (128K prefix + 8K chunk), with
@@ -752,7 +818,8 @@ void prefill_end_to_end() {
       std::snprintf(name, sizeof name, "prefill %lldK + %lldK, %s",
                     static_cast<long long>(prefix / 1024), static_cast<long long>(query / 1024),
                     coherent ? "coherent" : "random");
-      report_prefill(name, run_prefill({prefix}, {query}, coherent, 3));
+      // Dense attention does not depend on the selections: timed once per shape.
+      report_prefill(name, run_prefill({prefix}, {query}, coherent, 3, coherent ? 3 : 0));
     }
   }
 }
@@ -773,10 +840,29 @@ std::vector<std::int64_t> json_ints(const std::string& line, const std::string& 
   return v;
 }
 
+// Production-weighted sums of one way of running the set (bench/data/README.md: weighted mean
+// time = sum(w t) / sum(w); useful TFLOP/s = sum(w flops) / sum(w t)).
+struct Weighted {
+  double weight = 0, time = 0, flops = 0, upstream_flops = 0;
+  void add(double w, double t, double f, double upstream) {
+    weight += w, time += w * t, flops += w * f, upstream_flops += w * upstream;
+  }
+  void report_as(const std::string& name, bool ours_only) const {
+    const Stat mean{time / weight, 0};
+    const double upstream = upstream_flops / time / 1e12, ours = flops / time / 1e12;
+    if (!ours_only) {
+      report(name + ": weighted useful TFLOP/s, data set's definition", upstream, "TFLOP/s",
+             upstream / g_gemm_tflops, mean);
+    }
+    report(name + ": weighted TFLOP/s, FLOPs computed", ours, "TFLOP/s", ours / g_gemm_tflops,
+           mean);
+  }
+};
+
 void production_cases(const std::string& path) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot read the case set " + path);
-  double weight_sum = 0, weighted_time = 0, weighted_flops = 0, weighted_upstream = 0;
+  Weighted coherent, random, dense;
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -788,25 +874,25 @@ void production_cases(const std::string& path) {
     const double weight = line.compare(w_at, 4, "null") == 0 ? 0 : std::stod(line.substr(w_at));
     // The data set's own convention: 2 * 128 * 128 per (query token, complete visible page).
     const double upstream_flops = std::stod(line.substr(line.find("\"useful_flops\":") + 15));
-    const PrefillResult r = run_prefill(prefix, query, true, 3);
-    report_prefill("case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : ""),
-                   r);
+    const std::string name =
+        "case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : "");
+    const PrefillResult c = run_prefill(prefix, query, true, 3, 2);
+    report_prefill(name + ", coherent", c);
+    const PrefillResult r = run_prefill(prefix, query, false, 3);
+    report_prefill(name + ", random", r);
     if (weight > 0) {
-      const double t = r.indexer.median_s + r.attention.median_s;
-      weight_sum += weight;
-      weighted_time += weight * t;
-      weighted_flops += weight * (r.indexer_flops + r.attention_flops);
-      weighted_upstream += weight * upstream_flops;
+      coherent.add(weight, c.indexer.median_s + c.attention.median_s,
+                   c.indexer_flops + c.attention_flops, upstream_flops);
+      random.add(weight, r.indexer.median_s + r.attention.median_s,
+                 r.indexer_flops + r.attention_flops, upstream_flops);
+      dense.add(weight, c.dense.median_s, c.dense_flops, upstream_flops);
     }
     ++n;
   }
-  const Stat mean{weighted_time / weight_sum, 0};  // production-weighted mean time per call
-  const double ours = weighted_flops / weighted_time / 1e12;
-  const double upstream = weighted_upstream / weighted_time / 1e12;
-  const std::string name = "production prefill set (" + std::to_string(n) + " cases): weighted";
-  report(name + " useful TFLOP/s, data set's definition", upstream, "TFLOP/s",
-         upstream / g_gemm_tflops, mean);
-  report(name + " TFLOP/s, indexer + attention FLOPs", ours, "TFLOP/s", ours / g_gemm_tflops, mean);
+  const std::string set = "production prefill set (" + std::to_string(n) + " cases)";
+  coherent.report_as(set + ", coherent", false);
+  random.report_as(set + ", random", false);
+  dense.report_as(set + ", dense attention (ours)", true);
 }
 
 void write_json(const char* path) {
@@ -816,8 +902,8 @@ void write_json(const char* path) {
   cudaGetDeviceProperties(&prop, 0);
   std::fprintf(f,
                "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %.4f,\n  \"bf16_gemm_tflops\": "
-               "%.2f,\n  \"cases\": [\n",
-               prop.name, g_hbm_tbps, g_gemm_tflops);
+               "%.2f,\n  \"fp8_gemm_tflops\": %.2f,\n  \"cases\": [\n",
+               prop.name, g_hbm_tbps, g_gemm_tflops, g_fp8_gemm_tflops);
   for (std::size_t i = 0; i < g_rows.size(); ++i) {
     const Row& r = g_rows[i];
     std::fprintf(
@@ -878,10 +964,12 @@ int main(int argc, char** argv) {
   };
   try {
     ceilings();
-    for (const auto& [key, run] : cases) {
-      if (filter.empty() || key.find(filter) != std::string::npos) run();
-    }
     if (json) write_json(json);
+    for (const auto& [key, run] : cases) {
+      if (!filter.empty() && key.find(filter) == std::string::npos) continue;
+      run();
+      if (json) write_json(json);  // after every case group: a run cut short keeps what it measured
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "flashmsa_cuda_bench: %s\n", e.what());
     return 1;

@@ -108,15 +108,20 @@ def main():
         with open(args.cases) as f:
             cases = [json.loads(line) for line in f if line.strip()]
     rows = []
+
+    def save():  # after every case: a run cut short keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda"
+                           else "cpu", "torch": torch.__version__, "cases": rows}, f, indent=1)
+
     for name, prefix, query in shapes:
         rows += run_case(name, prefix, query, device, backends, reps=5)
+        save()
     for c in cases:
         rows += run_case("case " + c["case_id"], c["prefix_lens"], c["query_lens"], device,
                          backends, reps=3)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                       "torch": torch.__version__, "cases": rows}, f, indent=1)
+        save()
 
 
 if __name__ == "__main__":

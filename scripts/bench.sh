@@ -22,7 +22,7 @@ if [ -x build-gpu/bench/flashmsa_cuda_bench ] && nvidia-smi >/dev/null 2>&1; the
   else
     echo "bench.sh: no torch with CUDA here: no SDPA baseline"
   fi
-  python3 bench/plot.py "$results" || true
+  python3 bench/report.py "$results" || true
   kind=cuda
 else
   build-gpu/bench/flashmsa_cpu_bench --tokens 8192 --json "$results/cpu.json" | tee "$results/cpu.txt"

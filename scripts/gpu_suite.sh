@@ -10,16 +10,18 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests;
-# GTEST_FILTER in the environment narrows them), --bench (also run the CUDA benchmark;
+# GTEST_FILTER in the environment narrows them), --python (with --quick: also build and run the
+# Python tests), --bench (also run the CUDA benchmark;
 # BENCH_FILTER narrows its cases). SANITIZE_FILTER (default: every GPU test but the long-row indexer
 # test, which takes minutes under memcheck) picks the tests run under the sanitizers.
-sanitize=0 quick=0 bench=0
+sanitize=0 quick=0 bench=0 python=0
 for arg in "$@"; do
   case $arg in
     --sanitize) sanitize=1 ;;
     --quick) quick=1 ;;
     --bench) bench=1 ;;
-    *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --bench)"; exit 2 ;;
+    --python) python=1 ;;
+    *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --python, --bench)"; exit 2 ;;
   esac
 done
 logs=${OUT:-$root/build-gpu/logs}
@@ -27,7 +29,8 @@ mkdir -p "$logs"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
 python_args=()
-if [ $quick = 0 ] && [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3 there has torch
+[ $quick = 0 ] && python=1
+if [ $python = 1 ] && [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/null; then  # python3 there has torch
   python_args=(-DFLASHMSA_BUILD_PYTHON=ON "-DPython_EXECUTABLE=$(command -v python3)"
                "-Dnanobind_ROOT=$root/.deps/nanobind/cmake")
   # The GPU image's compiler wrapper links libstdc++ statically into shared objects; an
@@ -41,6 +44,7 @@ cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1
 targets=()
 [ $quick = 1 ] && targets=(--target flashmsa_gpu_tests)
 [ $quick = 1 ] && [ $bench = 1 ] && targets+=(flashmsa_cuda_bench)
+[ $quick = 1 ] && [ ${#python_args[@]} -gt 0 ] && targets+=(_flashmsa)
 if ! cmake --build build-gpu -j"$(nproc)" "${targets[@]}" >"$logs/build.log" 2>&1; then
   tail -50 "$logs/build.log"
   exit 1
