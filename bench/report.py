@@ -2,7 +2,7 @@
 docs/performance.md: joins bench/results/cuda.json and sdpa.json (when present) into summary.md
 (ceilings, the decode grid split into indexer / top-k / attention, prefill times next to dense
 attention with the sparse-over-dense speedups, the production set's weighted aggregates) and,
-where matplotlib is installed, decode_grid.png and prefill.png.
+where matplotlib is installed, decode_grid.png, decode_split.png and prefill.png.
 
     python3 bench/report.py bench/results [--cases bench/data/msa_prefill_benchmark_v1.jsonl]
 
@@ -142,21 +142,63 @@ def decode_grid_plot(cuda, out_dir, plt):
                 (ctx, 100 * parts["step"]["fraction_of_ceiling"]))
     if not series:
         return None
-    keys = sorted(series)
-    fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.6), sharey=True, squeeze=False)
-    for ax, key in zip(axes[0], keys):
-        for b, points in sorted(series[key].items()):
-            points.sort()
-            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"B={b}")
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"{key[0]} cache, dql {key[1]}")
-        ax.set_xlabel("context (K tokens)")
-        ax.axhline(85, color="gray", linestyle=":", linewidth=1)
-    axes[0][0].set_ylabel("decode step, % of HBM read ceiling")
+    dtypes = sorted({k[0] for k in series}, key=["bf16", "fp8", "nvfp4"].index)
+    dqls = sorted({k[1] for k in series})
+    fig, axes = plt.subplots(len(dqls), len(dtypes), figsize=(4.2 * len(dtypes), 3.3 * len(dqls)),
+                             sharey=True, squeeze=False)
+    for row, dql in enumerate(dqls):
+        for col, dtype in enumerate(dtypes):
+            ax = axes[row][col]
+            for b, points in sorted(series.get((dtype, dql), {}).items()):
+                points.sort()
+                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o",
+                        label=f"B={b}")
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"{dtype} caches, {dql} query row{'s' if dql > 1 else ''} per request",
+                         fontsize=9)
+            ax.axhline(85, color="gray", linestyle=":", linewidth=1)
+            if row == len(dqls) - 1:
+                ax.set_xlabel("context (K tokens)")
+        axes[row][0].set_ylabel("step, % of HBM read ceiling")
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out_dir, "decode_grid.png")
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def decode_split_plot(cuda, out_dir, plt, dql=1):
+    """Where a decode step's time goes: the shares of indexer scoring, top-k and attention per
+    cache dtype and batch (bars), the step time written above each bar; one panel per context."""
+    grid = {k: v for k, v in grid_rows(cuda).items() if k[1] == dql}
+    if not grid:
+        return None
+    contexts = sorted({k[3] for k in grid})
+    fig, axes = plt.subplots(1, len(contexts), figsize=(4.4 * len(contexts), 3.8), sharey=True,
+                             squeeze=False)
+    parts = (("indexer scoring", "tab:blue"), ("top-k", "tab:orange"), ("attention", "tab:green"))
+    for ax, ctx in zip(axes[0], contexts):
+        keys = sorted((k for k in grid if k[3] == ctx),
+                      key=lambda k: (["bf16", "fp8", "nvfp4"].index(k[0]), k[2]))
+        times = [[grid[k].get(part, {}).get("median_us", 0) for part, _ in parts] for k in keys]
+        bottom = [0.0] * len(keys)
+        for i, (part, color) in enumerate(parts):
+            shares = [100 * t[i] / sum(t) if sum(t) else 0 for t in times]
+            ax.bar(range(len(keys)), shares, bottom=bottom, color=color,
+                   label=part if ctx == contexts[0] else None)
+            bottom = [b + h for b, h in zip(bottom, shares)]
+        for x, k in enumerate(keys):
+            ax.text(x, 101, f"{grid[k]['step']['median_us']:.0f}", ha="center", fontsize=5,
+                    rotation=90, va="bottom")
+        ax.set_xticks(range(len(keys)), [f"{k[0]} {k[2]}" for k in keys], fontsize=6,
+                      rotation=90)
+        ax.set_ylim(0, 125)
+        ax.set_title(f"context {ctx}K (step us above bars)", fontsize=9)
+    axes[0][0].set_ylabel(f"share of the step (%), {dql} query row")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    path = os.path.join(out_dir, "decode_split.png")
+    fig.savefig(path, dpi=110)
     return path
 
 
@@ -222,8 +264,9 @@ def main():
     except ImportError:
         print("report.py: matplotlib is not installed; no plots (summary.md has every table)")
         return
-    for path in (decode_grid_plot(cuda, args.results, plt), prefill_plot(cuda, sdpa, args.results,
-                                                                          plt)):
+    for path in (decode_grid_plot(cuda, args.results, plt), decode_split_plot(cuda, args.results,
+                                                                              plt),
+                 prefill_plot(cuda, sdpa, args.results, plt)):
         if path:
             print("wrote", path)
 

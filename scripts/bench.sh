@@ -10,7 +10,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 results=bench/results
 mkdir -p "$results"
-revision=$(git rev-parse HEAD 2>/dev/null || echo "unknown (not a git checkout)")
+# FLASHMSA_REVISION names the commit when the tree was copied without its history (device runs).
+revision=${FLASHMSA_REVISION:-$(git describe --always --dirty --abbrev=40 2>/dev/null ||
+  echo "unknown (not a git checkout)")}
 
 cmake -S . -B build-gpu -G Ninja >/dev/null
 cmake --build build-gpu -j"$(nproc)" --target flashmsa_cpu_bench $(
