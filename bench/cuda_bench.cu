@@ -4,7 +4,7 @@
 // CUDA-graph replays, and small working sets rotate through more than 2x the L2 so no run measures
 // a warm cache.
 //
-//   build/bench/flashmsa_cuda_bench [--json FILE]
+//   flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]  (see scripts/bench.sh)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>

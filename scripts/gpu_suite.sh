@@ -9,11 +9,11 @@
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-# Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests;
-# GTEST_FILTER in the environment narrows them), --python (with --quick: also build and run the
-# Python tests), --bench (also run the CUDA benchmark;
-# BENCH_FILTER narrows its cases). SANITIZE_FILTER (default: every GPU test but the long-row indexer
-# test, which takes minutes under memcheck) picks the tests run under the sanitizers.
+# Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests),
+# --python (with --quick: also build and run the Python tests), --bench (also run the CUDA
+# benchmark). Environment: GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases,
+# SANITIZE_FILTER the tests run under the sanitizers (default: all but the long-row indexer test,
+# which takes minutes under memcheck).
 sanitize=0 quick=0 bench=0 python=0
 for arg in "$@"; do
   case $arg in
