@@ -135,6 +135,10 @@ struct DeviceArray {
   }
   ~DeviceArray() { cudaFree(ptr); }
   DeviceArray(const DeviceArray&) = delete;
+  // The allocation as a cache buffer (none when empty).
+  CacheBuffer buffer() const {
+    return {n ? static_cast<void*>(ptr) : nullptr, static_cast<std::int64_t>(n * sizeof(T))};
+  }
 };
 
 void fill(std::uint16_t* p, std::size_t n, std::uint32_t seed) {
@@ -302,7 +306,7 @@ struct IndexBatch {
     return c;
   }
   IndexCacheView view() const {
-    return IndexCacheView::make(DType::kBf16, pages, 128, cache.ptr, flashmsa::Device::kCuda);
+    return IndexCacheView::make(DType::kBf16, pages, 128, cache.buffer(), flashmsa::Device::kCuda);
   }
   IndexOutputs outputs() const {
     IndexOutputs o;
@@ -439,8 +443,8 @@ struct PrefillAttention {
     fill(q.ptr, q.n, 22);
   }
   KvCacheView cache() const {
-    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.ptr, nullptr,
-                             flashmsa::Device::kCuda);
+    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.buffer(),
+                             {}, flashmsa::Device::kCuda);
   }
   PrefillBatch batch() const {
     return {device_view(cu.ptr, DType::kInt32, {2}), device_view(seq_lens.ptr, DType::kInt32, {1}),
@@ -537,10 +541,10 @@ struct Caches {
     fill_plane(index.ptr, index.n, kind.index, 42, false);
     if (kv_scales.n) fill_plane(kv_scales.ptr, kv_scales.n, kind.kv, 43, true);
     if (index_scales.n) fill_plane(index_scales.ptr, index_scales.n, kind.index, 44, true);
-    kv_view = KvCacheView::make(KvLayout::kPacked, kind.kv, shape, kv.ptr, nullptr,
-                                flashmsa::Device::kCuda, kv_scales.n ? kv_scales.ptr : nullptr);
-    index_view = IndexCacheView::make(kind.index, pages, 128, index.ptr, flashmsa::Device::kCuda,
-                                      index_scales.n ? index_scales.ptr : nullptr);
+    kv_view = KvCacheView::make(KvLayout::kPacked, kind.kv, shape, kv.buffer(), {},
+                                flashmsa::Device::kCuda, kv_scales.buffer());
+    index_view = IndexCacheView::make(kind.index, pages, 128, index.buffer(),
+                                      flashmsa::Device::kCuda, index_scales.buffer());
   }
 };
 

@@ -123,12 +123,12 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
   if (own_index_slots) {
     check_tensor(in.index_slot_mapping, "index_slot_mapping", DType::kInt64, device, {num_tokens});
   }
-  check_tensor(out.q, "q", {DType::kBf16, DType::kFp16}, device, {num_tokens, hq, d});
+  check_output_tensor(out.q, "q", {DType::kBf16, DType::kFp16}, device, {num_tokens, hq, d});
   if (config.indexer_kv_dtype == "fp8") {
-    check_tensor(out.index_q, "index_q", DType::kFp8E4m3, device, {num_tokens, hidx, di});
+    check_output_tensor(out.index_q, "index_q", DType::kFp8E4m3, device, {num_tokens, hidx, di});
   } else {
-    check_tensor(out.index_q, "index_q", {DType::kBf16, DType::kFp16}, device,
-                 {num_tokens, hidx, di});
+    check_output_tensor(out.index_q, "index_q", {DType::kBf16, DType::kFp16}, device,
+                        {num_tokens, hidx, di});
   }
   if (options.checked) {
     check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping", options.stream);
@@ -253,10 +253,11 @@ void check_index_args(const Config& config, const Shapes& s, const TensorView& i
                  {-1, s.hidx, s.di});
   }
   const std::int64_t rows = index_q.shape[0];
-  check_tensor(out.topk, "topk", DType::kInt32, cache.device,
-               {s.hkv, rows, config.sparse_topk_blocks});
+  check_output_tensor(out.topk, "topk", DType::kInt32, cache.device,
+                      {s.hkv, rows, config.sparse_topk_blocks});
   if (out.block_scores.data) {
-    check_tensor(out.block_scores, "block_scores", DType::kFp32, cache.device, {s.hkv, rows, -1});
+    check_output_tensor(out.block_scores, "block_scores", DType::kFp32, cache.device,
+                        {s.hkv, rows, -1});
   }
   if (cache.device == Device::kCuda) {
     check_tensor(out.workspace, "workspace", DType::kUint8, cache.device, {-1});
@@ -282,22 +283,24 @@ void check_attention_args(const Config& config, const Shapes& s, const TensorVie
     const std::int64_t cols = s.hq * s.d;
     FLASHMSA_CHECK_ARG(cols % fmt::kMxfp8GroupSize == 0, "MXFP8 output needs Hq * D (", cols,
                        ") to be a multiple of 32");
-    check_tensor(out.out, "out", DType::kFp8E4m3, kv.device, {rows, cols});
+    check_output_tensor(out.out, "out", DType::kFp8E4m3, kv.device, {rows, cols});
     const std::int64_t scale_cols = cols / fmt::kMxfp8GroupSize;
     if (out.mxfp8_scale_layout == fmt::ScaleLayout::kRowMajor) {
-      check_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device, {rows, scale_cols});
-      FLASHMSA_CHECK_ARG(out.mxfp8_scales.stride[0] == scale_cols,
+      check_output_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
+                          {rows, scale_cols});
+      FLASHMSA_CHECK_ARG(rows <= 1 || out.mxfp8_scales.stride[0] == scale_cols,
                          "mxfp8_scales must be contiguous, got row stride ",
                          out.mxfp8_scales.stride[0]);
     } else {
-      check_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
-                   {fmt::mxfp8_scale_buffer_size(rows, scale_cols, out.mxfp8_scale_layout)});
+      check_output_tensor(
+          out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
+          {fmt::mxfp8_scale_buffer_size(rows, scale_cols, out.mxfp8_scale_layout)});
     }
   } else {
-    check_tensor(out.out, "out", {DType::kBf16, DType::kFp16, DType::kFp32}, kv.device,
-                 {rows, s.hq, s.d});
+    check_output_tensor(out.out, "out", {DType::kBf16, DType::kFp16, DType::kFp32}, kv.device,
+                        {rows, s.hq, s.d});
   }
-  if (out.lse.data) check_tensor(out.lse, "lse", DType::kFp32, kv.device, {rows, s.hq});
+  if (out.lse.data) check_output_tensor(out.lse, "lse", DType::kFp32, kv.device, {rows, s.hq});
   if (kv.device == Device::kCuda && out.workspace.data) {
     check_tensor(out.workspace, "workspace", DType::kUint8, kv.device, {-1});
   }

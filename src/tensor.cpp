@@ -1,5 +1,7 @@
 #include "flashmsa/tensor.hpp"
 
+#include <algorithm>
+#include <array>
 #include <sstream>
 
 #include "flashmsa/error.hpp"
@@ -83,6 +85,9 @@ void check_tensor(const TensorView& t, std::string_view name, std::initializer_l
   }
   FLASHMSA_CHECK_ARG(shape_ok, name, " must have shape ", shape_string(shape), ", got ",
                      shape_string(t));
+  // A tensor without elements is never read or written: its strides and pointer do not matter
+  // (numpy gives zero-size arrays zero strides).
+  if (t.numel() == 0) return;
   for (d = 0; d < t.rank; ++d) {
     FLASHMSA_CHECK_ARG(t.stride[d] >= 0, name, " must have non-negative strides, got stride ",
                        t.stride[d], " in dimension ", d);
@@ -90,12 +95,48 @@ void check_tensor(const TensorView& t, std::string_view name, std::initializer_l
   FLASHMSA_CHECK_ARG(t.rank == 0 || t.shape[t.rank - 1] <= 1 || t.stride[t.rank - 1] == 1, name,
                      " must be contiguous in its last dimension, got stride ",
                      t.rank ? t.stride[t.rank - 1] : 0);
-  if (t.numel() > 0) {
-    FLASHMSA_CHECK_ARG(t.data != nullptr, name, " has ", t.numel(), " elements but no data");
-    const auto bytes = static_cast<std::uintptr_t>(std::max(1, dtype_bits(t.dtype) / 8));
-    FLASHMSA_CHECK_ARG(reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0, name,
-                       " data must be aligned to ", bytes, " bytes");
+  FLASHMSA_CHECK_ARG(t.data != nullptr, name, " has ", t.numel(), " elements but no data");
+  const auto bytes = static_cast<std::uintptr_t>(std::max(1, dtype_bits(t.dtype) / 8));
+  FLASHMSA_CHECK_ARG(reinterpret_cast<std::uintptr_t>(t.data) % bytes == 0, name,
+                     " data must be aligned to ", bytes, " bytes");
+  // The largest element offset must be addressable (64-bit products of shape and stride).
+  std::int64_t last = 0;
+  for (d = 0; d < t.rank; ++d) {
+    std::int64_t span = 0;
+    FLASHMSA_CHECK_ARG(!__builtin_mul_overflow(t.stride[d], t.shape[d] - 1, &span) &&
+                           !__builtin_add_overflow(last, span, &last),
+                       name, ": the offset of its last element overflows int64 (shape ",
+                       shape_string(t), ")");
   }
+}
+
+void check_output_tensor(const TensorView& t, std::string_view name,
+                         std::initializer_list<DType> dtypes, Device device,
+                         std::initializer_list<std::int64_t> shape) {
+  check_tensor(t, name, dtypes, device, shape);
+  if (t.numel() == 0) return;
+  // No two elements may share memory: ordered by stride, each dimension's stride must clear
+  // what the smaller ones span (a broadcast, stride-0 output would race with itself).
+  std::array<int, TensorView::kMaxRank> order{};
+  for (int d = 0; d < t.rank; ++d) {  // insertion sort by stride (rank <= 5)
+    int i = d;
+    for (; i > 0 && t.stride[order[i - 1]] > t.stride[d]; --i) order[i] = order[i - 1];
+    order[i] = d;
+  }
+  std::int64_t covered = 1;  // elements spanned by the dimensions seen so far
+  for (int i = 0; i < t.rank; ++i) {
+    const int d = order[i];
+    if (t.shape[d] <= 1) continue;
+    FLASHMSA_CHECK_ARG(t.stride[d] >= covered, name,
+                       " must not overlap itself (it is written), got stride ", t.stride[d],
+                       " in dimension ", d, " where at least ", covered, " is needed");
+    covered = t.stride[d] * (t.shape[d] - 1) + covered;
+  }
+}
+
+void check_output_tensor(const TensorView& t, std::string_view name, DType dtype, Device device,
+                         std::initializer_list<std::int64_t> shape) {
+  check_output_tensor(t, name, {dtype}, device, shape);
 }
 
 void check_tensor(const TensorView& t, std::string_view name, DType dtype, Device device,

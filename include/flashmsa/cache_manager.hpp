@@ -32,14 +32,14 @@ struct CacheManagerOptions {
   std::int64_t num_index_pages = 0;
   // Hand pages out in a shuffled order (tests exercise scattered page tables with it).
   std::optional<std::uint64_t> shuffle_seed;
-  // Caller-owned buffers; when kv_data is set the manager allocates nothing. Sizes per
-  // KvCacheView::buffer_bytes and IndexCacheView::buffer_bytes.
-  void* kv_data = nullptr;    // K (or the packed/stacked buffer)
-  void* v_data = nullptr;     // V, for two-buffer layouts
-  void* kv_scales = nullptr;  // NVFP4 K scales (or packed/stacked scales)
-  void* v_scales = nullptr;   // NVFP4 V scales, two-buffer layouts
-  void* index_data = nullptr;
-  void* index_scales = nullptr;  // NVFP4 index cache
+  // Caller-owned buffers with their sizes; when kv_data is set the manager allocates nothing.
+  // Each must hold at least KvCacheView::buffer_bytes / IndexCacheView::buffer_bytes.
+  CacheBuffer kv_data;       // K (or the packed/stacked buffer)
+  CacheBuffer v_data;        // V, for two-buffer layouts
+  CacheBuffer kv_scales;     // NVFP4 K scales (or packed/stacked scales)
+  CacheBuffer v_scales;      // NVFP4 V scales, two-buffer layouts
+  CacheBuffer index_data;
+  CacheBuffer index_scales;  // NVFP4 index cache
 };
 
 class CacheManager {

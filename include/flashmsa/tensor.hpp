@@ -48,13 +48,21 @@ struct TensorView {
 };
 
 // Throws Error(kInvalidArgument) naming `name` unless `t` has this dtype, device and shape (-1 in
-// `shape` accepts any extent), non-negative strides, a contiguous last dimension and, when it has
-// elements, a non-null, element-aligned data pointer.
+// `shape` accepts any extent) and, when it has elements, non-negative strides, a contiguous last
+// dimension, a non-null, element-aligned data pointer and offsets that fit in int64. A tensor
+// without elements is accepted whatever its strides and pointer.
 void check_tensor(const TensorView& t, std::string_view name, DType dtype, Device device,
                   std::initializer_list<std::int64_t> shape);
 
 // The same, accepting any of `dtypes`.
 void check_tensor(const TensorView& t, std::string_view name, std::initializer_list<DType> dtypes,
                   Device device, std::initializer_list<std::int64_t> shape);
+
+// check_tensor for a tensor an op writes: also no two of its elements may share memory.
+void check_output_tensor(const TensorView& t, std::string_view name, DType dtype, Device device,
+                         std::initializer_list<std::int64_t> shape);
+void check_output_tensor(const TensorView& t, std::string_view name,
+                         std::initializer_list<DType> dtypes, Device device,
+                         std::initializer_list<std::int64_t> shape);
 
 }  // namespace flashmsa

@@ -69,8 +69,9 @@ def _index_cache(index_cache: torch.Tensor, index_dtype: str):
 
 
 def _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale):
-    return _C.kv_cache(kv_layout, kv_dtype, kv_cache, kv_cache_v, num_kv_heads=4, head_dim=128,
-                       k_scale=k_scale, v_scale=v_scale)
+    # Heads, head dim and pages come from the tensors' shapes (checked against the config by
+    # the op itself).
+    return _C.kv_cache(kv_layout, kv_dtype, kv_cache, kv_cache_v, k_scale=k_scale, v_scale=v_scale)
 
 
 @torch.library.custom_op("flashmsa::index_prefill", mutates_args=())

@@ -74,6 +74,18 @@ TensorView optional_view(const std::optional<AnyArray>& a, const char* name) {
   return a ? view(*a, name) : TensorView{};
 }
 
+// A cache array: numpy's uint16 carries the bits of a 16-bit cache of either kind.
+TensorView cache_view(const std::optional<AnyArray>& a, const char* name, DType cache) {
+  if (!a) return TensorView{};
+  TensorView t = view(*a, name);
+  const auto d = a->dtype();
+  if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16 &&
+      (cache == DType::kBf16 || cache == DType::kFp16)) {
+    t.dtype = cache;
+  }
+  return t;
+}
+
 // Where an op expects fp8 codes, numpy's uint8 stands in for them.
 TensorView as_fp8(TensorView t) {
   if (t.dtype == DType::kUint8) t.dtype = DType::kFp8E4m3;
@@ -238,15 +250,20 @@ NB_MODULE(_flashmsa, m) {
       "kv_cache",
       [](const std::string& layout, const std::string& dtype, const AnyArray& k,
          const std::optional<AnyArray>& v, const std::optional<AnyArray>& k_scales,
-         const std::optional<AnyArray>& v_scales, int num_kv_heads, int head_dim, float k_scale,
-         float v_scale) {
-        const TensorView kt = view(k, "k");
-        if (kt.rank < 1) value_error("k must have a page dimension");
-        KvCacheShape shape{kt.shape[0], num_kv_heads, head_dim, 128};
-        KvCacheView out = KvCacheView::make(parse_layout(layout), parse_dtype_arg(dtype, "dtype"),
-                                            shape, kt.data, v ? v->data() : nullptr, kt.device,
-                                            k_scales ? k_scales->data() : nullptr,
-                                            v_scales ? v_scales->data() : nullptr);
+         const std::optional<AnyArray>& v_scales, std::optional<std::int64_t> num_kv_heads,
+         std::optional<std::int64_t> head_dim, float k_scale, float v_scale) {
+        const DType d = parse_dtype_arg(dtype, "dtype");
+        KvCacheView out = KvCacheView::from_tensors(
+            parse_layout(layout), d, cache_view(k, "k", d), cache_view(v, "v", d),
+            cache_view(k_scales, "k_scales", d), cache_view(v_scales, "v_scales", d));
+        if (num_kv_heads && *num_kv_heads != out.shape.num_kv_heads) {
+          value_error("num_kv_heads is " + std::to_string(*num_kv_heads) + " but k's shape holds " +
+                      std::to_string(out.shape.num_kv_heads) + " kv heads");
+        }
+        if (head_dim && *head_dim != out.shape.head_dim) {
+          value_error("head_dim is " + std::to_string(*head_dim) + " but k's shape holds head_dim " +
+                      std::to_string(out.shape.head_dim));
+        }
         out.k_scale = k_scale;
         out.v_scale = v_scale;
         out.validate();
@@ -254,23 +271,23 @@ NB_MODULE(_flashmsa, m) {
       },
       nb::arg("layout"), nb::arg("dtype"), nb::arg("k"), nb::arg("v") = nb::none(),
       nb::arg("k_scales") = nb::none(), nb::arg("v_scales") = nb::none(),
-      nb::arg("num_kv_heads") = 4, nb::arg("head_dim") = 128, nb::arg("k_scale") = 1.0f,
-      nb::arg("v_scale") = 1.0f, nb::keep_alive<0, 3>(), nb::keep_alive<0, 4>(),
-      nb::keep_alive<0, 5>(), nb::keep_alive<0, 6>(),
-      "A KvCache over caller-owned arrays (no copy). layout: packed [pages, Hkv, 128, 2D], "
-      "separate / token_major (k and v buffers), stacked [pages, 2, Hkv, 128, D]; NVFP4 passes "
-      "uint8 data and scale arrays. The arrays must outlive the view (they are kept alive).");
+      nb::arg("num_kv_heads") = nb::none(), nb::arg("head_dim") = nb::none(),
+      nb::arg("k_scale") = 1.0f, nb::arg("v_scale") = 1.0f, nb::keep_alive<0, 3>(),
+      nb::keep_alive<0, 4>(), nb::keep_alive<0, 5>(), nb::keep_alive<0, 6>(),
+      "A KvCache over caller-owned arrays (no copy; any strides with a contiguous last "
+      "dimension). layout: packed [pages, Hkv, 128, 2*E], separate / token_major (k and v "
+      "arrays [pages, Hkv, 128, E] / [pages, 128, Hkv, E]), stacked [pages, 2, Hkv, 128, E]; "
+      "E = D elements for bf16/fp16 (uint16 bits on numpy) and fp8 (uint8 or fp8 dtypes), D/2 "
+      "uint8 bytes for nvfp4, whose k_scales (and v_scales) have the same layout with E = D/16. "
+      "Heads, head dim and pages come from the shapes (num_kv_heads / head_dim, if given, must "
+      "agree). The arrays are kept alive by the view.");
 
   m.def(
       "index_cache_view",
       [](const std::string& dtype, const AnyArray& data, const std::optional<AnyArray>& scales) {
-        const TensorView t = view(data, "index_cache");
-        if (t.rank < 1) value_error("index_cache must have a page dimension");
         const DType d = parse_dtype_arg(dtype, "dtype");
-        const std::int64_t index_dim =
-            t.rank >= 3 ? (d == DType::kNvfp4 ? 2 * t.shape[2] : t.shape[2]) : 128;
-        return IndexCacheView::make(d, t.shape[0], index_dim, t.data, t.device,
-                                    scales ? scales->data() : nullptr);
+        return IndexCacheView::from_tensors(d, cache_view(data, "index_cache", d),
+                                            cache_view(scales, "index_cache scales", d));
       },
       nb::arg("dtype"), nb::arg("data"), nb::arg("scales") = nb::none(), nb::keep_alive<0, 2>(),
       nb::keep_alive<0, 3>(),

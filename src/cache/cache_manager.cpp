@@ -70,18 +70,19 @@ CacheManager::CacheManager(const Config& config, const CacheManagerOptions& opti
   const std::int64_t index_pages = num_index_pages();
 
   CacheManagerOptions buffers = options;
-  if (!options.kv_data) {
+  if (!options.kv_data.data) {
     auto own = [&](std::int64_t bytes) {
       owned_.push_back(std::make_unique<Buffer>(bytes, options.device));
-      return owned_.back()->data;
+      return CacheBuffer{owned_.back()->data, bytes};
     };
     buffers.kv_data = own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape));
     buffers.v_data =
-        two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape)) : nullptr;
+        two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape)) : CacheBuffer{};
     if (nvfp4) {
       buffers.kv_scales = own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true));
       buffers.v_scales =
-          two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true)) : nullptr;
+          two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true))
+              : CacheBuffer{};
     }
     buffers.index_data = own(IndexCacheView::buffer_bytes(
         index_dtype, index_pages, config.sparse_index_dim, false, page_size_));

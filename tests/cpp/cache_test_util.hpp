@@ -40,6 +40,11 @@ inline void fill_random_bytes(std::vector<std::byte>& v, std::uint64_t seed) {
   for (auto& b : v) b = static_cast<std::byte>(rng() & 0xFF);
 }
 
+// A CacheBuffer over a byte vector (none when it is empty).
+inline CacheBuffer buffer(std::vector<std::byte>& v) {
+  return {v.empty() ? nullptr : v.data(), static_cast<std::int64_t>(v.size())};
+}
+
 // A main K/V cache and an index cache over random bytes, with snapshots for canary checks.
 struct RandomCaches {
   KvLayout layout;
@@ -68,12 +73,10 @@ struct RandomCaches {
     for (auto* b : {&k, &v, &k_scales, &v_scales, &index, &index_scales}) {
       fill_random_bytes(*b, seed++);
     }
-    kv = KvCacheView::make(layout, kv_dtype, shape, k.data(), v.empty() ? nullptr : v.data(),
-                           Device::kCpu, k_scales.empty() ? nullptr : k_scales.data(),
-                           v_scales.empty() ? nullptr : v_scales.data());
-    ix =
-        IndexCacheView::make(index_dtype, shape.num_pages, index_dim, index.data(), Device::kCpu,
-                             index_scales.empty() ? nullptr : index_scales.data(), shape.page_size);
+    kv = KvCacheView::make(layout, kv_dtype, shape, buffer(k), buffer(v), Device::kCpu,
+                           buffer(k_scales), buffer(v_scales));
+    ix = IndexCacheView::make(index_dtype, shape.num_pages, index_dim, buffer(index), Device::kCpu,
+                              buffer(index_scales), shape.page_size);
   }
   RandomCaches(const RandomCaches&) = delete;
 
@@ -103,8 +106,8 @@ struct RandomCaches {
 inline double decode_element(DType dtype, const std::byte* row, const std::byte* scale_row,
                              std::int64_t i, double scale) {
   const auto* b8 = reinterpret_cast<const std::uint8_t*>(row);
-  std::uint16_t b16;
-  std::memcpy(&b16, row + 2 * i, 2);
+  std::uint16_t b16 = 0;  // read only for 16-bit rows: an 8- or 4-bit row may end before 2i+2
+  if (dtype == DType::kBf16 || dtype == DType::kFp16) std::memcpy(&b16, row + 2 * i, 2);
   switch (dtype) {
     case DType::kBf16: return fmt::bf16_to_float(b16);
     case DType::kFp16: return fmt::fp16_to_float(b16);

@@ -53,10 +53,13 @@ TEST(InsertGpu, MatchesTheCpuBackendForEveryDtypeAndLayout) {
         host.kv.v_scale = 3.0f;
         auto dk = upload(host.k), dv = upload(host.v), dks = upload(host.k_scales),
              dvs = upload(host.v_scales);
-        KvCacheView dev = KvCacheView::make(layout, dtype, shape, dk->get(),
-                                            host.v.empty() ? nullptr : dv->get(), Device::kCuda,
-                                            host.k_scales.empty() ? nullptr : dks->get(),
-                                            host.v_scales.empty() ? nullptr : dvs->get());
+        auto on_device = [](const std::vector<std::byte>& h, const auto& d) {
+          return CacheBuffer{h.empty() ? nullptr : d->get(), static_cast<std::int64_t>(h.size())};
+        };
+        KvCacheView dev =
+            KvCacheView::make(layout, dtype, shape, on_device(host.k, dk), on_device(host.v, dv),
+                              Device::kCuda, on_device(host.k_scales, dks),
+                              on_device(host.v_scales, dvs));
         dev.k_scale = 0.5f;
         dev.v_scale = 3.0f;
         const std::int64_t T = 300, elem = dtype_bits(src_dtype) / 8;
@@ -108,8 +111,9 @@ TEST(InsertGpu, IndexCacheMatchesTheCpuBackend) {
     RandomCaches host(KvLayout::kPacked, {6, 1, 128, 128}, DType::kBf16, dtype, 128, 8);
     auto di = upload(host.index), dis = upload(host.index_scales);
     const IndexCacheView dev = IndexCacheView::make(
-        dtype, 6, 128, di->get(), Device::kCuda,
-        host.index_scales.empty() ? nullptr : dis->get());
+        dtype, 6, 128, {di->get(), static_cast<std::int64_t>(host.index.size())}, Device::kCuda,
+        {host.index_scales.empty() ? nullptr : dis->get(),
+         static_cast<std::int64_t>(host.index_scales.size())});
     const std::int64_t T = 200;
     std::vector<std::uint16_t> ik(static_cast<size_t>(T * 128));
     std::mt19937 rng(4);
