@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "flashmsa/error.hpp"
+#include "flashmsa/metadata.hpp"
 #include "src/cpu/gemm.hpp"
 #include "src/cpu/thread_pool.hpp"
 #include "src/cuda/device_info.hpp"
@@ -31,6 +32,8 @@ const BackendCapabilities& capabilities(Backend backend) noexcept {
     caps.kv_cache_dtypes = {DType::kBf16, DType::kFp16, DType::kFp8E4m3, DType::kFp8E5m2,
                             DType::kNvfp4};
     caps.index_cache_dtypes = {DType::kBf16, DType::kFp8E4m3, DType::kNvfp4};
+    caps.max_topk_blocks = 1024;  // bounds the per-row selection scratch, not a kernel shape
+    caps.max_decode_query_len = kMaxDecodeQueryLen;
     return caps;
   }();
   // The Hopper kernels are specialised for the MiniMax-M3 shapes.
@@ -39,11 +42,39 @@ const BackendCapabilities& capabilities(Backend backend) noexcept {
     caps.block_sizes = {128};
     caps.head_dims = {128};
     caps.index_dims = {128};
-    caps.max_topk_blocks = 64;
-    caps.max_q_heads_per_kv_head = 16;
+    caps.max_topk_blocks = 64;           // the top-k and attention kernels' row arrays
+    caps.max_q_heads_per_kv_head = 16;   // one kv head's q heads are the 16 MMA rows
+    caps.max_table_blocks = 32768;       // one row's block keys in the top-k CTA's shared memory
     return caps;
   }();
   return backend == Backend::kCudaSm90 ? kCudaSm90 : kCpu;
+}
+
+std::string capabilities_string(Backend backend) {
+  const BackendCapabilities& c = capabilities(backend);
+  auto dtypes = [](const std::vector<DType>& list) {
+    std::string s;
+    for (DType d : list) s += (s.empty() ? "" : ", ") + std::string(to_string(d));
+    return s;
+  };
+  auto ints = [](const auto& list) {
+    std::string s;
+    for (auto v : list) s += (s.empty() ? "" : ", ") + std::to_string(v);
+    return s.empty() ? std::string("any") : s;
+  };
+  auto limit = [](std::int64_t v) { return v > 0 ? std::to_string(v) : std::string("none"); };
+  std::ostringstream out;
+  out << "kv_cache_dtype: " << dtypes(c.kv_cache_dtypes) << "\n"
+      << "index_cache_dtype: " << dtypes(c.index_cache_dtypes) << "\n"
+      << "sparse_block_size: " << (c.block_sizes.empty() ? "any power of two" : ints(c.block_sizes))
+      << "\n"
+      << "head_dim: " << (c.head_dims.empty() ? "any even" : ints(c.head_dims)) << "\n"
+      << "sparse_index_dim: " << (c.index_dims.empty() ? "any even" : ints(c.index_dims)) << "\n"
+      << "sparse_topk_blocks: <= " << limit(c.max_topk_blocks) << "\n"
+      << "q heads per kv head: <= " << limit(c.max_q_heads_per_kv_head) << "\n"
+      << "decode_query_len: 1..." << c.max_decode_query_len << "\n"
+      << "block_table columns: <= " << limit(c.max_table_blocks) << "\n";
+  return out.str();
 }
 
 int cpu_worker_threads(int requested) noexcept {

@@ -7,6 +7,7 @@
 #include "flashmsa/backend.hpp"
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
+#include "flashmsa/metadata.hpp"
 #include "src/attention_workspace.hpp"
 #include "src/cpu/cpu_ops.hpp"
 #include "src/cpu/sparse_ops.hpp"
@@ -154,10 +155,14 @@ struct Shapes {
   std::int64_t hq, hkv, hidx, d, di, block;
 };
 
+Backend backend_of(Device device) {
+  return device == Device::kCuda ? Backend::kCudaSm90 : Backend::kCpu;
+}
+
 // The config, checked against the backend that the tensors' device selects.
 Shapes checked_config(const Config& config, Device device) {
   config.check();
-  const Backend backend = device == Device::kCuda ? Backend::kCudaSm90 : Backend::kCpu;
+  const Backend backend = backend_of(device);
   if (auto reason = unsupported_reason(config, backend)) {
     throw Error(ErrorKind::kUnsupported, *reason);
   }
@@ -166,21 +171,31 @@ Shapes checked_config(const Config& config, Device device) {
           config.head_dim,       config.sparse_index_dim, config.sparse_block_size};
 }
 
+void check_block_table(const TensorView& table, Device device, std::int64_t num_requests) {
+  check_tensor(table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
+  const std::int64_t limit = capabilities(backend_of(device)).max_table_blocks;
+  FLASHMSA_CHECK_SUPPORTED(limit == 0 || table.shape[1] <= limit, "batch.block_table: the ",
+                           to_string(backend_of(device)), " backend takes up to ", limit,
+                           " blocks per request (columns), got ", table.shape[1]);
+}
+
 // Validates a batch's arrays; returns B.
 std::int64_t check_prefill_batch(const PrefillBatch& b, Device device) {
   check_tensor(b.seq_lens, "batch.seq_lens", DType::kInt32, device, {-1});
   const std::int64_t num_requests = b.seq_lens.shape[0];
   check_tensor(b.cu_seqlens_q, "batch.cu_seqlens_q", DType::kInt32, device, {num_requests + 1});
-  check_tensor(b.block_table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
+  check_block_table(b.block_table, device, num_requests);
   return num_requests;
 }
 
 std::int64_t check_decode_batch(const DecodeBatch& b, Device device, std::int64_t num_rows) {
-  FLASHMSA_CHECK_ARG(b.decode_query_len >= 1 && b.decode_query_len <= 16,
-                     "batch.decode_query_len must be in [1, 16], got ", b.decode_query_len);
+  const int max_dql = capabilities(backend_of(device)).max_decode_query_len;
+  FLASHMSA_CHECK_ARG(b.decode_query_len >= 1 && b.decode_query_len <= max_dql,
+                     "batch.decode_query_len must be in [1, ", max_dql, "], got ",
+                     b.decode_query_len);
   check_tensor(b.seq_lens, "batch.seq_lens", DType::kInt32, device, {-1});
   const std::int64_t num_requests = b.seq_lens.shape[0];
-  check_tensor(b.block_table, "batch.block_table", DType::kInt32, device, {num_requests, -1});
+  check_block_table(b.block_table, device, num_requests);
   FLASHMSA_CHECK_ARG(num_rows == num_requests * b.decode_query_len,
                      "decode rows must number batch size x decode_query_len (", num_requests, " x ",
                      b.decode_query_len, " = ", num_requests * b.decode_query_len, "), got ",
@@ -211,6 +226,9 @@ void check_plan_values(const cpu::RowPlan& plan, const TensorView* cu_seqlens,
       FLASHMSA_CHECK_ARG(cu_seqlens == nullptr || plan.position[t] >= 0, "request ", r,
                          ": seq_lens is smaller than its query rows");
     }
+    FLASHMSA_CHECK_ARG(plan.needed_blocks(p_max) <= plan.max_blocks, "batch.seq_lens[", r,
+                       "] reaches position ", p_max, ", which needs ", plan.needed_blocks(p_max),
+                       " blocks, but batch.block_table has ", plan.max_blocks, " columns");
     for (std::int64_t b = 0; b < plan.visible_blocks(p_max); ++b) {
       FLASHMSA_CHECK_ARG(
           plan.page(r, b) >= 0, "batch.block_table[", r, "][", b, "] must be a page in [0, ",
@@ -368,7 +386,7 @@ std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_ro
   // kAttentionDecodeTargetCtas requests or more run unsplit and need no partials, so the loop
   // is bounded whatever the capacity (the torch ops call this on every step).
   const std::int64_t split_batches = std::min(num_requests, detail::kAttentionDecodeTargetCtas - 1);
-  for (std::int64_t dql = 1; dql <= 16; ++dql) {
+  for (std::int64_t dql = 1; dql <= kMaxDecodeQueryLen; ++dql) {
     for (std::int64_t b = 1; b <= split_batches && b * dql <= num_rows; ++b) {
       bytes = std::max(bytes,
                        detail::attention_decode_layout(b, dql, h.num_attention_heads,

@@ -8,6 +8,8 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <climits>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -19,8 +21,9 @@ using namespace flashmsa;
 
 namespace {
 
-using Array = nb::ndarray<nb::c_contig, nb::device::cpu>;
-using AnyArray = nb::ndarray<>;
+// Inputs may be read-only arrays; what an op writes must be writable (output_view).
+using AnyArray = nb::ndarray<nb::ro>;
+using WritableArray = nb::ndarray<>;
 
 [[noreturn]] void value_error(const std::string& message) {
   throw nb::value_error(message.c_str());
@@ -45,13 +48,14 @@ DType to_dtype(const nb::dlpack::dtype& d, const char* name) {
               std::to_string(d.bits) + " bits)");
 }
 
-TensorView view(const AnyArray& a, const char* name) {
+template <class Array>
+TensorView view(const Array& a, const char* name) {
   if (a.ndim() > static_cast<size_t>(TensorView::kMaxRank)) {
     value_error(std::string(name) + " must have at most 5 dimensions, got " +
                 std::to_string(a.ndim()));
   }
   TensorView t;
-  t.data = a.data();
+  t.data = const_cast<void*>(static_cast<const void*>(a.data()));  // inputs are only read
   t.dtype = to_dtype(a.dtype(), name);
   const int dev = a.device_type();
   if (dev == nb::device::cpu::value) {
@@ -74,14 +78,28 @@ TensorView optional_view(const std::optional<AnyArray>& a, const char* name) {
   return a ? view(*a, name) : TensorView{};
 }
 
-// A cache array: numpy's uint16 carries the bits of a 16-bit cache of either kind.
-TensorView cache_view(const std::optional<AnyArray>& a, const char* name, DType cache) {
-  if (!a) return TensorView{};
-  TensorView t = view(*a, name);
-  const auto d = a->dtype();
-  if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt) && d.bits == 16 &&
-      (cache == DType::kBf16 || cache == DType::kFp16)) {
-    t.dtype = cache;
+// An array the op writes (None: absent). nanobind alone would refuse a read-only array with a
+// generic "incompatible function arguments"; this names the argument and the reason.
+TensorView output_view(nb::handle obj, const char* name) {
+  if (obj.is_none()) return TensorView{};
+  WritableArray a;
+  if (nb::try_cast(obj, a, false)) return view(a, name);
+  AnyArray ro;
+  if (nb::try_cast(obj, ro, false)) {
+    value_error(std::string(name) + " is written by this call and must be a writable array, got "
+                "a read-only one");
+  }
+  throw nb::type_error((std::string(name) + " must be an array (numpy, torch or any DLPack "
+                        "tensor), got " + nb::inst_name(obj).c_str()).c_str());
+}
+
+// A cache array (caches are written by the insert ops, so they must be writable): numpy's
+// uint16 carries the bits of a 16-bit cache of either kind.
+TensorView cache_view(nb::handle obj, const char* name, DType cache) {
+  TensorView t = output_view(obj, name);
+  if (t.dtype == DType::kBf16 && cache == DType::kFp16) {
+    const auto d = nb::cast<WritableArray>(obj).dtype();
+    if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt)) t.dtype = cache;
   }
   return t;
 }
@@ -121,21 +139,55 @@ KvLayout parse_layout(const std::string& name) {
 }
 
 // The top-k output: the caller's `out`, or a new int32 [hkv, rows, k] numpy array.
-std::pair<nb::object, TensorView> topk_output(const std::optional<AnyArray>& out, std::int64_t hkv,
+std::pair<nb::object, TensorView> topk_output(nb::handle out, std::int64_t hkv,
                                               std::int64_t rows, std::int64_t k) {
-  if (out) return {nb::cast(*out), view(*out, "out")};
+  if (!out.is_none()) {
+    const TensorView t = output_view(out, "out");
+    check_output_tensor(t, "out", DType::kInt32, t.device, {hkv, rows, k});  // named as passed
+    return {nb::borrow(out), t};
+  }
   auto a = new_array<std::int32_t>(
       {static_cast<size_t>(hkv), static_cast<size_t>(rows), static_cast<size_t>(k)});
   const TensorView t = TensorView::contiguous(a.data(), DType::kInt32, {hkv, rows, k});
   return {nb::cast(a), t};
 }
 
-OpOptions op_options(bool checked, int threads, std::uintptr_t stream = 0) {
+// A Python int that must fit a C++ int: nanobind's own conversion would only say the arguments
+// are incompatible.
+int int_arg(std::int64_t v, const char* name, std::int64_t lo = INT32_MIN) {
+  if (v < lo || v > INT32_MAX) {
+    value_error(std::string(name) + " must be in [" + std::to_string(lo) + ", 2^31), got " +
+                std::to_string(v));
+  }
+  return static_cast<int>(v);
+}
+
+OpOptions op_options(bool checked, std::int64_t threads, std::uintptr_t stream = 0) {
   OpOptions o;
   o.checked = checked;
-  o.num_threads = threads;
+  o.num_threads = int_arg(threads, "threads (0: one per core)", 0);
   o.stream = reinterpret_cast<void*>(stream);  // cudaStream_t (e.g. torch's cuda_stream)
   return o;
+}
+
+// Config's int fields as properties whose setters name the field when a value does not fit.
+template <auto Field>
+auto int_getter() {
+  return [](const Config& c) { return c.*Field; };
+}
+template <auto Field>
+auto int_setter(const char* name) {
+  return [name](Config& c, std::int64_t v) { c.*Field = int_arg(v, name); };
+}
+template <auto Field>
+auto optional_int_getter() {
+  return [](const Config& c) { return c.*Field; };
+}
+template <auto Field>
+auto optional_int_setter(const char* name) {
+  return [name](Config& c, std::optional<std::int64_t> v) {
+    c.*Field = v ? std::optional<int>(int_arg(*v, name)) : std::nullopt;
+  };
 }
 
 }  // namespace
@@ -179,20 +231,20 @@ NB_MODULE(_flashmsa, m) {
                      "defaults; TensorRT-LLM MiniMaxM3SparseAttentionConfig field names).")
       .def(nb::init<>())
       .def_rw("algorithm", &Config::algorithm)
-      .def_rw("sparse_num_index_heads", &Config::sparse_num_index_heads)
-      .def_rw("sparse_index_dim", &Config::sparse_index_dim)
-      .def_rw("sparse_block_size", &Config::sparse_block_size)
-      .def_rw("sparse_topk_blocks", &Config::sparse_topk_blocks)
-      .def_rw("sparse_init_blocks", &Config::sparse_init_blocks)
-      .def_rw("sparse_local_blocks", &Config::sparse_local_blocks)
+      .def_prop_rw("sparse_num_index_heads", int_getter<&Config::sparse_num_index_heads>(), int_setter<&Config::sparse_num_index_heads>("sparse_num_index_heads"))
+      .def_prop_rw("sparse_index_dim", int_getter<&Config::sparse_index_dim>(), int_setter<&Config::sparse_index_dim>("sparse_index_dim"))
+      .def_prop_rw("sparse_block_size", int_getter<&Config::sparse_block_size>(), int_setter<&Config::sparse_block_size>("sparse_block_size"))
+      .def_prop_rw("sparse_topk_blocks", int_getter<&Config::sparse_topk_blocks>(), int_setter<&Config::sparse_topk_blocks>("sparse_topk_blocks"))
+      .def_prop_rw("sparse_init_blocks", int_getter<&Config::sparse_init_blocks>(), int_setter<&Config::sparse_init_blocks>("sparse_init_blocks"))
+      .def_prop_rw("sparse_local_blocks", int_getter<&Config::sparse_local_blocks>(), int_setter<&Config::sparse_local_blocks>("sparse_local_blocks"))
       .def_rw("sparse_score_type", &Config::sparse_score_type)
       .def_rw("sparse_disable_index_value", &Config::sparse_disable_index_value)
       .def_rw("indexer_kv_dtype", &Config::indexer_kv_dtype)
       .def_rw("fuse_qkv_index_projection", &Config::fuse_qkv_index_projection)
-      .def_rw("num_attention_heads", &Config::num_attention_heads)
-      .def_rw("num_key_value_heads", &Config::num_key_value_heads)
+      .def_prop_rw("num_attention_heads", optional_int_getter<&Config::num_attention_heads>(), optional_int_setter<&Config::num_attention_heads>("num_attention_heads"))
+      .def_prop_rw("num_key_value_heads", optional_int_getter<&Config::num_key_value_heads>(), optional_int_setter<&Config::num_key_value_heads>("num_key_value_heads"))
       .def_rw("implementation", &Config::implementation)
-      .def_rw("head_dim", &Config::head_dim)
+      .def_prop_rw("head_dim", int_getter<&Config::head_dim>(), int_setter<&Config::head_dim>("head_dim"))
       .def_prop_rw(
           "kv_cache_dtype",
           [](const Config& c) { return std::string(to_string(c.kv_cache_dtype)); },
@@ -213,7 +265,7 @@ NB_MODULE(_flashmsa, m) {
           nb::arg("dtype"),
           "Set index_cache_dtype and what it implies (the fp8 indexer for fp8_e4m3).")
       .def_rw("softmax_scale", &Config::softmax_scale)
-      .def_rw("rope_dim", &Config::rope_dim)
+      .def_prop_rw("rope_dim", int_getter<&Config::rope_dim>(), int_setter<&Config::rope_dim>("rope_dim"))
       .def_rw("rope_theta", &Config::rope_theta)
       .def_rw("rms_norm_eps", &Config::rms_norm_eps)
       .def_rw("topk_order", &Config::topk_order)
@@ -248,9 +300,8 @@ NB_MODULE(_flashmsa, m) {
 
   m.def(
       "kv_cache",
-      [](const std::string& layout, const std::string& dtype, const AnyArray& k,
-         const std::optional<AnyArray>& v, const std::optional<AnyArray>& k_scales,
-         const std::optional<AnyArray>& v_scales, std::optional<std::int64_t> num_kv_heads,
+      [](const std::string& layout, const std::string& dtype, nb::handle k, nb::handle v,
+         nb::handle k_scales, nb::handle v_scales, std::optional<std::int64_t> num_kv_heads,
          std::optional<std::int64_t> head_dim, float k_scale, float v_scale) {
         const DType d = parse_dtype_arg(dtype, "dtype");
         KvCacheView out = KvCacheView::from_tensors(
@@ -284,7 +335,7 @@ NB_MODULE(_flashmsa, m) {
 
   m.def(
       "index_cache_view",
-      [](const std::string& dtype, const AnyArray& data, const std::optional<AnyArray>& scales) {
+      [](const std::string& dtype, nb::handle data, nb::handle scales) {
         const DType d = parse_dtype_arg(dtype, "dtype");
         return IndexCacheView::from_tensors(d, cache_view(data, "index_cache", d),
                                             cache_view(scales, "index_cache scales", d));
@@ -356,13 +407,13 @@ NB_MODULE(_flashmsa, m) {
 
   m.def(
       "build_batch_metadata",
-      [](const std::vector<std::pair<std::int64_t, std::int64_t>>& decode, int decode_query_len,
+      [](const std::vector<std::pair<std::int64_t, std::int64_t>>& decode, std::int64_t decode_query_len,
          const std::vector<std::pair<std::int64_t, std::int64_t>>& prefill,
          std::int64_t decode_capacity) {
         std::vector<RequestShape> d, p;
         for (auto [a, b] : decode) d.push_back({a, b});
         for (auto [a, b] : prefill) p.push_back({a, b});
-        const BatchMetadata md = build_batch_metadata(d, decode_query_len, p, decode_capacity);
+        const BatchMetadata md = build_batch_metadata(d, int_arg(decode_query_len, "decode_query_len"), p, decode_capacity);
         nb::dict out;
         auto arr = [](const std::vector<std::int32_t>& v) {
           auto a = new_array<std::int32_t>({v.size()});
@@ -412,8 +463,8 @@ NB_MODULE(_flashmsa, m) {
       "index_prefill",
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& cu_seqlens_q, const AnyArray& seq_lens, const AnyArray& block_table,
-         const std::optional<AnyArray>& out, const std::optional<AnyArray>& block_scores,
-         bool checked, int threads, const std::optional<AnyArray>& workspace,
+         nb::handle out, nb::handle block_scores,
+         bool checked, std::int64_t threads, nb::handle workspace,
          std::uintptr_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
@@ -424,8 +475,8 @@ NB_MODULE(_flashmsa, m) {
         {
           nb::gil_scoped_release release;
           index_prefill(c, q, cache, batch,
-                        {topk, optional_view(block_scores, "block_scores"),
-                         optional_view(workspace, "workspace")},
+                        {topk, output_view(block_scores, "block_scores"),
+                         output_view(workspace, "workspace")},
                         op_options(checked, threads, stream));
         }
         return result;
@@ -443,14 +494,14 @@ NB_MODULE(_flashmsa, m) {
       "sparse_attention_prefill",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& topk,
-         const AnyArray& out, const std::optional<AnyArray>& lse, bool checked, int threads,
-         const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
+         nb::handle out, nb::handle lse, bool checked, std::int64_t threads,
+         nb::handle workspace, std::uintptr_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
-        o.out = view(out, "out");
-        o.lse = optional_view(lse, "lse");
-        o.workspace = optional_view(workspace, "workspace");
+        o.out = output_view(out, "out");
+        o.lse = output_view(lse, "lse");
+        o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
         nb::gil_scoped_release release;
         sparse_attention_prefill(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
@@ -466,15 +517,15 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "dense_attention",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
-         const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& out,
-         const std::optional<AnyArray>& lse, bool checked, int threads,
-         const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
+         const AnyArray& seq_lens, const AnyArray& block_table, nb::handle out,
+         nb::handle lse, bool checked, std::int64_t threads,
+         nb::handle workspace, std::uintptr_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
-        o.out = view(out, "out");
-        o.lse = optional_view(lse, "lse");
-        o.workspace = optional_view(workspace, "workspace");
+        o.out = output_view(out, "out");
+        o.lse = output_view(lse, "lse");
+        o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q");
         nb::gil_scoped_release release;
         dense_attention(c, qv, cache, batch, o, op_options(checked, threads, stream));
@@ -488,18 +539,18 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "index_decode",
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
-         const AnyArray& seq_lens, const AnyArray& block_table, int decode_query_len,
-         const std::optional<AnyArray>& out, bool checked, int threads,
-         const std::optional<AnyArray>& workspace, std::uintptr_t stream) -> nb::object {
+         const AnyArray& seq_lens, const AnyArray& block_table, std::int64_t decode_query_len,
+         nb::handle out, bool checked, std::int64_t threads,
+         nb::handle workspace, std::uintptr_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
         auto [result, topk] = topk_output(out, hkv, q.shape[0], c.sparse_topk_blocks);
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
-                          decode_query_len};
+                          int_arg(decode_query_len, "decode_query_len")};
         {
           nb::gil_scoped_release release;
-          index_decode(c, q, cache, batch, {topk, {}, optional_view(workspace, "workspace")},
+          index_decode(c, q, cache, batch, {topk, {}, output_view(workspace, "workspace")},
                        op_options(checked, threads, stream));
         }
         return result;
@@ -530,17 +581,17 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "sparse_attention_decode",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
-         const AnyArray& block_table, const AnyArray& topk, const AnyArray& out,
-         int decode_query_len, const std::optional<AnyArray>& lse,
-         const std::optional<AnyArray>& mxfp8_scales, const std::string& scale_layout, bool checked,
-         int threads, const std::optional<AnyArray>& workspace, std::uintptr_t stream) {
+         const AnyArray& block_table, const AnyArray& topk, nb::handle out,
+         std::int64_t decode_query_len, nb::handle lse,
+         nb::handle mxfp8_scales, const std::string& scale_layout, bool checked,
+         std::int64_t threads, nb::handle workspace, std::uintptr_t stream) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
-                          decode_query_len};
+                          int_arg(decode_query_len, "decode_query_len")};
         AttentionOutputs o;
-        o.out = view(out, "out");
-        if (mxfp8_scales) {
+        o.out = output_view(out, "out");
+        if (!mxfp8_scales.is_none()) {
           o.out = as_fp8(o.out);
-          o.mxfp8_scales = view(*mxfp8_scales, "mxfp8_scales");
+          o.mxfp8_scales = output_view(mxfp8_scales, "mxfp8_scales");
           if (scale_layout == "swizzled") {
             o.mxfp8_scale_layout = fmt::ScaleLayout::kSwizzled128x4;
           } else if (scale_layout != "row_major") {
@@ -548,8 +599,8 @@ NB_MODULE(_flashmsa, m) {
                         "'");
           }
         }
-        o.lse = optional_view(lse, "lse");
-        o.workspace = optional_view(workspace, "workspace");
+        o.lse = output_view(lse, "lse");
+        o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
         nb::gil_scoped_release release;
         sparse_attention_decode(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
@@ -569,8 +620,8 @@ NB_MODULE(_flashmsa, m) {
          const AnyArray& k_norm_weight, const AnyArray& index_q_norm_weight,
          const AnyArray& index_k_norm_weight, const AnyArray& positions,
          const AnyArray& slot_mapping, const KvCacheView& kv, const IndexCacheView& index,
-         const AnyArray& q_out, const AnyArray& index_q_out,
-         const std::optional<AnyArray>& index_slot_mapping, bool checked, int threads,
+         nb::handle q_out, nb::handle index_q_out,
+         const std::optional<AnyArray>& index_slot_mapping, bool checked, std::int64_t threads,
          std::uintptr_t stream) {
         ProducerInputs in;
         in.qkv_index = view(qkv_index, "qkv_index");
@@ -581,7 +632,7 @@ NB_MODULE(_flashmsa, m) {
         in.positions = view(positions, "positions");
         in.slot_mapping = view(slot_mapping, "slot_mapping");
         in.index_slot_mapping = optional_view(index_slot_mapping, "index_slot_mapping");
-        ProducerOutputs out{view(q_out, "q"), view(index_q_out, "index_q")};
+        ProducerOutputs out{output_view(q_out, "q"), output_view(index_q_out, "index_q")};
         if (c.indexer_kv_dtype == "fp8") out.index_q = as_fp8(out.index_q);
         nb::gil_scoped_release release;
         produce_qkv_index(c, in, kv, index, out, op_options(checked, threads, stream));

@@ -53,6 +53,9 @@ inline float fast_exp2(float x) {
 // Online-softmax step for one (row, q head) over a block's scores s[0, n), of which the first
 // `limit` are causally visible: exponentiates in place (masked ones become 0) and updates the
 // running max and sum; returns the factor the accumulator must be rescaled by.
+// Non-finite scores behave as in dense FlashAttention: NaN (the max skips it) and +Inf (inf - inf)
+// make the sum NaN, which the epilogue turns into a NaN row; -Inf gives its key weight 0, and
+// a row whose scores are all -Inf so far exponentiates against 0 instead of -Inf (no NaN).
 // Reductions keep 16 independent lanes: without -ffast-math the compiler may not reorder a
 // single running max or sum, and would leave the loop scalar.
 constexpr int kLanes = 16;
@@ -68,7 +71,8 @@ float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max,
   float mx = row_max;
   for (float l : lanes) mx = std::max(mx, l);
   for (; c < limit; ++c) mx = std::max(mx, s[c]);
-  for (c = 0; c < limit; ++c) s[c] = fast_exp2(s[c] - mx);
+  const float ref = mx == -std::numeric_limits<float>::infinity() ? 0.0f : mx;
+  for (c = 0; c < limit; ++c) s[c] = fast_exp2(s[c] - ref);
   for (c = limit; c < n; ++c) s[c] = 0.0f;  // causal mask inside the block
   for (float& l : lanes) l = 0.0f;
   for (c = 0; c + kLanes <= limit; c += kLanes) {
@@ -77,7 +81,7 @@ float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max,
   float sum = 0.0f;
   for (float l : lanes) sum += l;
   for (; c < limit; ++c) sum += s[c];
-  const float alpha = fast_exp2(row_max - mx);
+  const float alpha = fast_exp2(row_max - ref);
   row_sum = row_sum * alpha + sum;
   row_max = mx;
   return alpha;
@@ -214,6 +218,15 @@ void run_task(const Config& config, const TensorView& q, const KvCacheView& kv, 
       }
     }
     gemm_nn(m * group, d, n, 1.0f, s.data(), n, vb.data(), d, 0.0f, pv.data(), d);
+    // A user that sees only the first `limit` keys of the block multiplies only those values:
+    // its masked probabilities are 0, but 0 x NaN is NaN, and the keys after its position
+    // (written for later rows) must not reach its output whatever they hold.
+    for (std::int64_t u = 0; u < m; ++u) {
+      const std::int64_t limit = plan.position[task.row_begin + who[u]] - block_start + 1;
+      if (limit >= n) continue;
+      gemm_nn(group, d, limit, 1.0f, s.data() + u * group * n, n, vb.data(), d, 0.0f,
+              pv.data() + u * group * d, d);
+    }
     for (std::int64_t u = 0; u < m; ++u) {
       for (std::int64_t g = 0; g < group; ++g) {
         rescale_add(acc.data() + (who[u] * group + g) * d, pv.data() + (u * group + g) * d,
@@ -231,8 +244,13 @@ void run_task(const Config& config, const TensorView& q, const KvCacheView& kv, 
       if (l > 0.0f) {
         for (std::int64_t e = 0; e < d; ++e) o[e] = acc[state * d + e] / l;
         lse = (row_max[state] + std::log2(l)) / kLog2e;
-      } else {
-        std::fill(o.begin(), o.end(), 0.0f);  // no keys: zeros, and -inf log-sum-exp
+      } else if (l == 0.0f) {
+        // No key with weight: zeros and a -inf log-sum-exp (a NaN value of a zero-weight key
+        // still shows, as in the GPU kernels' P V product).
+        for (std::int64_t e = 0; e < d; ++e) o[e] = acc[state * d + e] * 0.0f;
+      } else {  // a NaN or +Inf score: the row and its log-sum-exp are NaN (spec section 5)
+        std::fill(o.begin(), o.end(), std::numeric_limits<float>::quiet_NaN());
+        lse = std::numeric_limits<float>::quiet_NaN();
       }
       store_output(out, task.row_begin + i, task.kv_head * group + g, d, o.data(), lse);
     }

@@ -5,6 +5,7 @@
 // negative, see nothing; block-table entries outside the cache read as "no page".
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -23,8 +24,15 @@ struct RowPlan {
 
   std::int64_t num_requests() const { return static_cast<std::int64_t>(row_begin.size()); }
   std::int64_t num_rows() const { return static_cast<std::int64_t>(position.size()); }
-  // Blocks visible at position p: p / block + 1, none for p < 0.
-  std::int64_t visible_blocks(std::int64_t p) const { return p < 0 ? 0 : p / block_size + 1; }
+  // Blocks visible at position p, as far as the block table reaches: min(p / block + 1,
+  // max_blocks), none for p < 0. So work is bounded by the table whatever seq_lens says (a
+  // length beyond the table is bad input that the checked mode reports; the CUDA kernels clamp
+  // the same way).
+  std::int64_t visible_blocks(std::int64_t p) const {
+    return p < 0 ? 0 : std::min(p / block_size + 1, max_blocks);
+  }
+  // The blocks position p needs, unclamped.
+  std::int64_t needed_blocks(std::int64_t p) const { return p < 0 ? 0 : p / block_size + 1; }
   // Physical page of logical block b of request r, or -1 when the table has none there.
   std::int64_t page(std::int64_t r, std::int64_t b) const {
     if (b < 0 || b >= max_blocks) return -1;

@@ -51,7 +51,8 @@ constexpr std::int64_t kKeysPerTile = 4096;
 std::vector<float> gather_index_keys(const IndexCacheView& cache, const RowPlan& plan,
                                      std::int64_t r, std::int64_t num_blocks, int threads) {
   const std::int64_t bs = plan.block_size, di = cache.index_dim;
-  std::vector<float> keys(static_cast<std::size_t>(num_blocks * bs * di));
+  std::vector<float> keys = allocate_scratch<float>(
+      num_blocks * bs * di, "the CPU indexer's fp32 copy of one request's index keys");
   parallel_for(
       num_blocks,
       [&](std::int64_t b) {
@@ -127,7 +128,9 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
           }
           // Block scores per (row, index head, block), NaN ranking as -1e30.
           const float nan = std::numeric_limits<float>::quiet_NaN();
-          std::vector<float> block(static_cast<std::size_t>(rows * hidx * nb), nan);
+          std::vector<float> block =
+              allocate_scratch<float>(rows * hidx * nb, "the CPU indexer's block scores");
+          std::fill(block.begin(), block.end(), nan);
           std::vector<float> s(static_cast<std::size_t>(rows * hidx * kKeysPerTile));
           for (std::int64_t k0 = 0; k0 < nb * bs; k0 += kKeysPerTile) {
             const std::int64_t nk = std::min(kKeysPerTile, nb * bs - k0);
