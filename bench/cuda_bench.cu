@@ -852,6 +852,11 @@ struct Weighted {
     weight += w, time += w * t, flops += w * f, upstream_flops += w * upstream;
   }
   void report_as(const std::string& name, bool ours_only) const {
+    if (weight <= 0) {  // no representative case in the set: there is no aggregate to report
+      std::printf("%-52s (no case with a representative weight: aggregate omitted)\n",
+                  name.c_str());
+      return;
+    }
     const Stat mean{time / weight, 0};
     const double upstream = upstream_flops / time / 1e12, ours = flops / time / 1e12;
     if (!ours_only) {
@@ -899,23 +904,33 @@ void production_cases(const std::string& path) {
   dense.report_as(set + ", dense attention (ours)", true);
 }
 
+// A JSON number, or null for what JSON cannot hold (NaN, Inf).
+std::string json_number(double v, int decimals) {
+  if (!std::isfinite(v)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
 void write_json(const char* path) {
   FILE* f = std::fopen(path, "w");
   if (!f) throw std::runtime_error(std::string("cannot write ") + path);
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
   std::fprintf(f,
-               "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %.4f,\n  \"bf16_gemm_tflops\": "
-               "%.2f,\n  \"fp8_gemm_tflops\": %.2f,\n  \"cases\": [\n",
-               prop.name, g_hbm_tbps, g_gemm_tflops, g_fp8_gemm_tflops);
+               "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %s,\n  \"bf16_gemm_tflops\": "
+               "%s,\n  \"fp8_gemm_tflops\": %s,\n  \"cases\": [\n",
+               prop.name, json_number(g_hbm_tbps, 4).c_str(), json_number(g_gemm_tflops, 2).c_str(),
+               json_number(g_fp8_gemm_tflops, 2).c_str());
   for (std::size_t i = 0; i < g_rows.size(); ++i) {
     const Row& r = g_rows[i];
     std::fprintf(
         f,
-        "    {\"name\": \"%s\", \"value\": %.4f, \"unit\": \"%s\", \"fraction_of_ceiling\": %.4f, "
-        "\"median_us\": %.3f, \"cv\": %.4f}%s\n",
-        r.name.c_str(), r.value, r.unit.c_str(), r.ceiling_fraction, r.time_us, r.cv,
-        i + 1 < g_rows.size() ? "," : "");
+        "    {\"name\": \"%s\", \"value\": %s, \"unit\": \"%s\", \"fraction_of_ceiling\": %s, "
+        "\"median_us\": %s, \"cv\": %s}%s\n",
+        r.name.c_str(), json_number(r.value, 4).c_str(), r.unit.c_str(),
+        json_number(r.ceiling_fraction, 4).c_str(), json_number(r.time_us, 3).c_str(),
+        json_number(r.cv, 4).c_str(), i + 1 < g_rows.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   std::fclose(f);

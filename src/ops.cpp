@@ -2,6 +2,7 @@
 #include "flashmsa/ops.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <vector>
 
 #include "flashmsa/backend.hpp"
@@ -42,6 +43,16 @@ void check_slot_values(const TensorView& device_slots, std::int64_t capacity, co
     const std::int64_t s = slots.integer_at(t);
     FLASHMSA_CHECK_ARG(s < capacity, name, "[", t, "] = ", s, " is beyond the cache capacity of ",
                        capacity, " slots");
+  }
+}
+
+// The checked mode: positions (the RoPE angles' index) must be token positions, [0, 2^31).
+void check_position_values(const TensorView& device_positions, void* stream) {
+  const HostTensor host(device_positions, stream);
+  for (std::int64_t t = 0; t < host.view.shape[0]; ++t) {
+    const std::int64_t p = host.view.integer_at(t);
+    FLASHMSA_CHECK_ARG(p >= 0 && p <= INT32_MAX, "positions[", t, "] = ", p,
+                       " is not a token position in [0, 2^31)");
   }
 }
 
@@ -132,6 +143,7 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                         {num_tokens, hidx, di});
   }
   if (options.checked) {
+    check_position_values(in.positions, options.stream);
     check_slot_values(in.slot_mapping, kv_cache.capacity_tokens(), "slot_mapping", options.stream);
     check_slot_values(
         own_index_slots ? in.index_slot_mapping : in.slot_mapping, index_cache.capacity_tokens(),

@@ -114,10 +114,14 @@ double round_to(DType dtype, double x) {
   }
 }
 
-// The FlashAttention-rule comparison of a run with the oracle, every element.
+// What a (row, q head) must give when the inputs hold NaN or Inf (spec section 5).
+enum class Expect : std::uint8_t { kFinite, kNanRow, kNanValues };
+
+// The FlashAttention-rule comparison of a run with the oracle, every element; `expect` (one entry
+// per (row, q head), or none: all finite) marks the rows that must be NaN instead.
 void check_against_oracle(const Scenario& s, const AttnRun& run,
                           const std::vector<std::int32_t>* topk, std::int64_t width,
-                          DType probabilities) {
+                          DType probabilities, const std::vector<Expect>* expect = nullptr) {
   const auto h = s.config.resolve_heads();
   const std::int64_t hq = h.num_attention_heads, d = s.config.head_dim;
   const std::int64_t group = hq / h.num_key_value_heads;
@@ -125,6 +129,17 @@ void check_against_oracle(const Scenario& s, const AttnRun& run,
   std::int64_t empty_rows = 0;
   for (std::int64_t t = 0; t < s.num_rows; ++t) {
     for (std::int64_t head = 0; head < hq; ++head) {
+      const Expect want_kind = expect ? (*expect)[t * hq + head] : Expect::kFinite;
+      if (want_kind != Expect::kFinite) {
+        for (std::int64_t e = 0; e < d; ++e) {
+          ASSERT_TRUE(std::isnan(run.value((t * hq + head) * d + e)))
+              << "row " << t << " head " << head << " element " << e << " must be NaN";
+        }
+        if (want_kind == Expect::kNanRow) {
+          ASSERT_TRUE(std::isnan(run.lse[t * hq + head])) << "row " << t << " head " << head;
+          continue;
+        }
+      }
       const auto blocks = blocks_of(s, topk, width, head / group, t);
       const ref::AttentionRow want =
           ref::attention(s.config, s.q_row(t, head), head / group, s.rows.position[t],
@@ -139,7 +154,7 @@ void check_against_oracle(const Scenario& s, const AttnRun& run,
         }
         continue;
       }
-      for (std::int64_t e = 0; e < d; ++e) {
+      for (std::int64_t e = 0; e < d && want_kind == Expect::kFinite; ++e) {
         const double w = want.out[e];
         const double got = run.value((t * hq + head) * d + e);
         ASSERT_TRUE(std::isfinite(got)) << "row " << t << " head " << head;
@@ -328,6 +343,8 @@ void check_mxfp8_decode(const AttentionBackend& b) {
                 : TensorView::contiguous(scales.data(), DType::kUint8, {scale_bytes});
         call.out.mxfp8_scale_layout = layout;
         call.out.mxfp8_scale_rule = rule;
+        // The MXFP8 rule's corner, finite input never giving a NaN code, is in the format tests
+        // (shared by both backends: the kernels call the same quantizer).
         call.guarded = {codes.span(), scales.span()};
         b.run(call);
         std::vector<std::uint8_t> want_codes(static_cast<std::size_t>(T * cols));
@@ -337,6 +354,97 @@ void check_mxfp8_decode(const AttentionBackend& b) {
         EXPECT_EQ(codes.checked_contents("codes"), want_codes);
         EXPECT_EQ(scales.checked_contents("scales"), want_scales);
       }
+    }
+  }
+}
+
+namespace {
+
+// A key of the cache to poison: K (+Inf for 16-bit caches, the NaN code for E4M3) or V (NaN).
+struct Poison {
+  bool value;
+  std::int64_t request, position, kv_head;
+};
+
+void write_non_finite(Scenario& s, const Poison& p) {
+  const KvCacheView kv = s.cm->kv_cache();
+  const std::int64_t bs = s.config.sparse_block_size;
+  const std::int64_t page = s.block_table[p.request * s.max_blocks + p.position / bs];
+  const CachePlane& plane = p.value ? kv.v : kv.k;
+  std::byte* row = plane.row(page, p.kv_head, p.position % bs);
+  for (std::int64_t e = 0; e < kv.shape.head_dim; ++e) {
+    if (kv.dtype == DType::kBf16) {
+      const std::uint16_t bits = p.value ? 0x7FC0 : 0x7F80;  // NaN, +Inf
+      std::memcpy(row + 2 * e, &bits, 2);
+    } else {
+      row[e] = std::byte{0x7F};  // E4M3 NaN
+    }
+  }
+}
+
+void check_non_finite_scenario(Scenario& s, const AttentionBackend& b, DType out_dtype) {
+  const auto h = s.config.resolve_heads();
+  const std::int64_t hq = h.num_attention_heads, group = hq / h.num_key_value_heads;
+  const std::int64_t bs = s.config.sparse_block_size, d = s.config.head_dim;
+  const auto topk = indexer_topk(s);  // selected on the clean index cache
+  const std::int64_t width = s.config.sparse_topk_blocks;
+  // Per request: a NaN value at its last position and a non-finite key two before it, on
+  // different kv heads; then one NaN query element in the first row of every request.
+  std::vector<Poison> poisons;
+  std::vector<std::int64_t> first_row;
+  for (std::int64_t r = 0; r < static_cast<std::int64_t>(s.seq_lens.size()); ++r) {
+    const std::int64_t len = s.seq_lens[r];
+    if (len < 3) continue;
+    poisons.push_back({true, r, len - 1, r % 4});
+    poisons.push_back({false, r, len - 3, (r + 1) % 4});
+  }
+  for (const Poison& p : poisons) write_non_finite(s, p);
+  std::vector<Expect> expect(static_cast<std::size_t>(s.num_rows * hq), Expect::kFinite);
+  std::vector<char> seen_request(s.seq_lens.size(), 0);
+  for (std::int64_t t = 0; t < s.num_rows; ++t) {
+    const std::int64_t r = s.rows.request[t], pos = s.rows.position[t];
+    if (r < 0 || pos < 0) continue;
+    if (!seen_request[r]) {  // a NaN in one query element: that (row, head) is NaN
+      seen_request[r] = 1;
+      const std::int64_t head = (7 * r + 3) % hq;
+      s.q[(t * hq + head) * d + 5] = 0x7FC0;
+      s.q_values[(t * hq + head) * d + 5] = std::numeric_limits<double>::quiet_NaN();
+      expect[t * hq + head] = Expect::kNanRow;
+    }
+    for (const Poison& p : poisons) {
+      if (p.request != r || p.position > pos) continue;
+      const auto blocks = blocks_of(s, &topk, width, p.kv_head, t);
+      if (std::find(blocks.begin(), blocks.end(), p.position / bs) == blocks.end()) continue;
+      for (std::int64_t g = 0; g < group; ++g) {
+        Expect& e = expect[t * hq + p.kv_head * group + g];
+        if (e != Expect::kNanRow) e = p.value ? Expect::kNanValues : Expect::kNanRow;
+      }
+    }
+  }
+  std::int64_t nan_rows = 0, finite_rows = 0;
+  for (Expect e : expect) (e == Expect::kFinite ? finite_rows : nan_rows)++;
+  ASSERT_GT(nan_rows, 0);
+  ASSERT_GT(finite_rows, 0);
+  const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, out_dtype, b.run);
+  check_against_oracle(s, run, &topk, width, b.probabilities, &expect);
+}
+
+}  // namespace
+
+void check_non_finite(const AttentionBackend& b) {
+  for (DType kv : {DType::kBf16, DType::kFp8E4m3}) {
+    SCOPED_TRACE(::testing::Message() << "kv cache " << to_string(kv));
+    Config c;
+    c.kv_cache_dtype = kv;
+    {
+      SCOPED_TRACE("prefill");
+      Scenario s = make_prefill(c, {{0, 200}, {300, 40}, {2040, 9}}, 91);
+      check_non_finite_scenario(s, b, DType::kBf16);
+    }
+    for (int dql : {1, 4}) {
+      SCOPED_TRACE(::testing::Message() << "decode_query_len " << dql);
+      Scenario s = make_decode(c, {2049, 0, 300, 17 * 128 + 5}, dql, 92 + dql);
+      check_non_finite_scenario(s, b, DType::kFp32);
     }
   }
 }

@@ -75,6 +75,12 @@ void check_full_coverage_equals_dense(const AttentionBackend& b);
 void check_deterministic(const AttentionBackend& b);
 // MXFP8 decode output equals quantizing the bf16 output, in both scale layouts and both rules.
 void check_mxfp8_decode(const AttentionBackend& b);
+// Non-finite inputs are never hidden (spec section 5), for prefill and decode (dql 1 and 4), on a
+// bf16 and an E4M3 cache: a NaN query gives a NaN row and log-sum-exp; a key whose K is +Inf
+// (bf16) or NaN (E4M3) makes every row that sees it NaN, log-sum-exp included; a NaN value makes
+// the rows that see its key NaN (their log-sum-exp stays finite). Rows that do not see the key
+// (earlier positions of the same block, other heads, unselected blocks) match the oracle.
+void check_non_finite(const AttentionBackend& b);
 
 // The CPU indexer's top-k lists for a scenario ([Hkv, T, topk]).
 std::vector<std::int32_t> indexer_topk(const Scenario& s);

@@ -50,6 +50,10 @@ TEST(Attention, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
   test::check_mxfp8_decode(kCpu);
 }
 
+TEST(Attention, NonFiniteInputsAreNeverHidden) {
+  test::check_non_finite(kCpu);
+}
+
 // The decode plan by capacity: one buffer serves the indexer and the attention of every smaller
 // decode batch (the CUDA ops require exactly these sizes; the GPU graph test runs on such a
 // buffer).

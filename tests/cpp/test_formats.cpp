@@ -334,6 +334,28 @@ TEST(Formats, Mxfp8RceilScaleBoundaries) {
   EXPECT_EQ(codes[0], 0x7F);
 }
 
+// Spec section 7: finite input never gives a NaN code. A group whose scale clamps to 2^-127
+// (amax <= about 2^-118) is quantized as x * 2^127, exactly, and its zeros stay zero.
+TEST(Formats, Mxfp8ClampedScaleKeepsZerosAndValues) {
+  std::uint8_t codes[32];
+  auto g = bf16_group({std::ldexp(1.0f, -125), 0.0f, std::ldexp(-1.5f, -130), -0.0f,
+                       std::ldexp(1.0f, -133)});
+  for (auto rule : {fmt::Mxfp8ScaleRule::kRceil, fmt::Mxfp8ScaleRule::kFloor}) {
+    EXPECT_EQ(fmt::mxfp8_quantize_group(g.data(), codes, rule), 0);
+    EXPECT_EQ(codes[0], fmt::float_to_e4m3(4.0f, fmt::Saturation::kFinite));
+    EXPECT_EQ(codes[1], 0x00);
+    EXPECT_EQ(codes[2], fmt::float_to_e4m3(-0.1875f, fmt::Saturation::kFinite));
+    EXPECT_EQ(codes[3], 0x80);  // -0 keeps its sign
+    EXPECT_EQ(codes[4], fmt::float_to_e4m3(0.015625f, fmt::Saturation::kFinite));
+    for (int i = 0; i < 32; ++i) EXPECT_NE(codes[i] & 0x7F, 0x7F) << "NaN code at " << i;
+  }
+  // The largest amax whose RCEIL scale clamps: 448 * 2^-127; one bf16 step above, scale 1.
+  auto top = bf16_group({std::ldexp(448.0f, -127), 0.0f});
+  EXPECT_EQ(fmt::mxfp8_quantize_group(top.data(), codes), 0);
+  EXPECT_EQ(codes[0], 0x7E);
+  EXPECT_EQ(codes[1], 0x00);
+}
+
 TEST(Formats, Mxfp8RceilMatchesDefinitionOnRandomRows) {
   std::mt19937 rng(5);
   std::normal_distribution<float> normal;

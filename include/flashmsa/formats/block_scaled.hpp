@@ -97,7 +97,11 @@ FLASHMSA_HD std::uint8_t mxfp8_quantize_group(const std::uint16_t* x, std::uint8
   float multiplier;
   if (rule == Mxfp8ScaleRule::kRceil) {
     scale = float_to_e8m0(amax * bits_float(kRcp448Bits), E8m0Rounding::kUp);
-    multiplier = amax != 0.0f ? rcp_approx_ftz_pow2(e8m0_to_float(scale)) : 0.0f;
+    // A scale clamped to 2^-127 has no fp32 reciprocal under flush-to-zero (FlashInfer's
+    // expression gives Inf, and its zeros NaN): values are x * 2^127, exact (spec section 7).
+    multiplier = amax == 0.0f ? 0.0f
+                 : scale == 0 ? exact_pow2(127)
+                              : rcp_approx_ftz_pow2(e8m0_to_float(scale));
   } else {
     // floor(log2(amax)) is amax's unbiased exponent (bf16 subnormals count from their top bit).
     int e;

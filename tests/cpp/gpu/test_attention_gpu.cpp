@@ -115,6 +115,11 @@ TEST(AttentionGpu, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
   test::check_mxfp8_decode(kGpuBf16P);
 }
 
+TEST(AttentionGpu, NonFiniteInputsAreNeverHidden) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_non_finite(kGpuBf16P);
+}
+
 // Decode attention captured once in a CUDA graph, replayed after lengths, block table and top-k
 // lists change in place: each replay equals the oracle for the current values.
 TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {

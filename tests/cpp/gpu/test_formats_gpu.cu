@@ -184,7 +184,9 @@ TEST(FormatsGpu, ApproximateReciprocalAsEmulated) {
   }
 }
 
-// FlashInfer's MXFP8 group recipe, written with the CUDA intrinsics it uses.
+// FlashInfer's MXFP8 group recipe, written with the CUDA intrinsics it uses, with the one
+// deliberate difference of spec section 7: a scale clamped to 2^-127 multiplies by 2^127 (the
+// recipe's rcp flushes to Inf there and turns zeros into NaN).
 __global__ void mxfp8_recipe_kernel(const __nv_bfloat16* x, int groups, std::uint8_t* codes,
                                     std::uint8_t* scales) {
   const int g = blockIdx.x * blockDim.x + threadIdx.x;
@@ -196,7 +198,9 @@ __global__ void mxfp8_recipe_kernel(const __nv_bfloat16* x, int groups, std::uin
   const float sf = vec_max * rcp_approx_ftz(448.0f);
   __nv_fp8_e8m0 sf8;
   sf8.__x = __nv_cvt_float_to_e8m0(sf, __NV_SATFINITE, cudaRoundPosInf);
-  const float scale = vec_max != 0.0f ? rcp_approx_ftz(static_cast<float>(sf8)) : 0.0f;
+  const float scale = vec_max == 0.0f ? 0.0f
+                      : sf8.__x == 0  ? 0x1p127f
+                                      : rcp_approx_ftz(static_cast<float>(sf8));
   scales[g] = sf8.__x;
   for (int i = 0; i < 32; ++i) {
     codes[g * 32 + i] =
@@ -221,6 +225,7 @@ TEST(FormatsGpu, Mxfp8MatchesFlashInferRecipe) {
       case 3: x[g * 32] = fmt::float_to_bf16(std::ldexp(448.0f, g % 64 - 32)); break;
       case 4: std::fill_n(&x[g * 32], 32, fmt::float_to_bf16(NAN)); break;
       case 5: x[g * 32 + 7] = static_cast<std::uint16_t>(g % 128); break;  // subnormals
+      case 6: x[g * 32 + 9] = fmt::float_to_bf16(0.0f); break;  // a zero (clamped scales too)
       default: break;
     }
   }

@@ -29,20 +29,19 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
   auto vec = [&](int s) { return (std::int64_t{s} * p.num_rows + t) * p.num_q_heads + hq; };
   float m = -INFINITY;
   for (int s = 0; s < p.splits; ++s) m = fmaxf(m, p.partial_lse[vec(s)]);
+  const float ref = m == -INFINITY ? 0.0f : m;  // every split empty: weights exp(-inf) = 0
   float v[32] = {};
-  float lse = -INFINITY;
-  if (m != -INFINITY) {
-    float l = 0.0f;
-    for (int s = 0; s < p.splits; ++s) {
-      const float lse_s = p.partial_lse[vec(s)];
-      if (lse_s == -INFINITY) continue;
-      const float w = __expf(lse_s - m);
-      l += w;
-      attention_detail::add_scaled_group(v, p.partial_out + vec(s) * 128 + grp * 32, w);
-    }
-    for (float& x : v) x /= l;
-    lse = m + __logf(l);
+  float l = 0.0f;
+  // Every split is merged, empty ones with weight 0, so a NaN partial (log-sum-exp or value)
+  // reaches the row (spec section 5).
+  for (int s = 0; s < p.splits; ++s) {
+    const float w = __expf(p.partial_lse[vec(s)] - ref);
+    l += w;
+    attention_detail::add_scaled_group(v, p.partial_out + vec(s) * 128 + grp * 32, w);
   }
+  // l > 0: normalise; l == 0 (no key): zeros and -inf; NaN l: NaN row and log-sum-exp.
+  for (float& x : v) x = l > 0.0f ? x / l : x * l;
+  const float lse = l > 0.0f ? m + __logf(l) : l == 0.0f ? -INFINITY : l;
   attention_detail::store_group(p.store, t, hq, grp, v, lse);
 }
 

@@ -95,6 +95,18 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
 }
 
 // v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
+// The normalisation of a row from its softmax sum l and max m (log2 units): 1 / l (times the
+// V scale) and the log2-sum-exp when l > 0; no key (l == 0): 0 (exact zeros, unless a NaN value
+// sat behind a zero weight) and -inf; a NaN l (a NaN or +Inf score): NaN and NaN (spec 5).
+struct OutputScale {
+  float inv, lse_log2;
+};
+__device__ __forceinline__ OutputScale output_scale(float l, float m, float v_scale) {
+  if (l > 0.0f) return {v_scale / l, m + __log2f(l)};
+  if (l == 0.0f) return {0.0f, -INFINITY};
+  return {__int_as_float(0x7FC00000), __int_as_float(0x7FC00000)};
+}
+
 __device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* src, float w) {
   const auto* src4 = reinterpret_cast<const float4*>(src);
 #pragma unroll
@@ -501,11 +513,21 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                     pack2<Elem>(s[2 * kk][2], s[2 * kk][3]),
                                     pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                     pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        // Keys after this row's position have P = 0, but 0 x NaN is NaN: their values (written
+        // for later rows, possibly non-finite) are zeroed in the fragment. The B fragment holds
+        // keys 2 (lane % 4) + {0, 1} (b[0], b[2]) and those + 8 (b[1], b[3]), low half first.
+        std::uint32_t keep_lo = 0xFFFFFFFFu, keep_hi = 0xFFFFFFFFu;
+        if (!all_visible) {
+          const std::int64_t k = first_key + key0 + 16 * kk + 2 * (lane % 4);
+          keep_lo = (k <= my_pos ? 0x0000FFFFu : 0u) | (k + 1 <= my_pos ? 0xFFFF0000u : 0u);
+          keep_hi = (k + 8 <= my_pos ? 0x0000FFFFu : 0u) | (k + 9 <= my_pos ? 0xFFFF0000u : 0u);
+        }
 #pragma unroll
         for (int np = 0; np < 8; ++np) {
           std::uint32_t b[4];
           const int key = key0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
           ldmatrix_x4_trans(b, v_tile + swizzled_chunk(key, 2 * np + (lane >> 4)) * 16);
+          b[0] &= keep_lo, b[2] &= keep_lo, b[1] &= keep_hi, b[3] &= keep_hi;
           mma<Elem>(o[2 * np], a, b[0], b[1]);
           mma<Elem>(o[2 * np + 1], a, b[2], b[3]);
         }
@@ -548,23 +570,22 @@ __global__ void __launch_bounds__(Traits::kThreads)
     for (int w = 0; w < Traits::kKeySplit; ++w) {
       m = fmaxf(m, part_max[(row * Traits::kKeySplit + w) * 16 + head]);
     }
+    const float ref = m == -INFINITY ? 0.0f : m;  // no key anywhere: scales exp2(-inf) = 0
     float v[32] = {};
     float l = 0.0f;
+    // Every part is merged, empty ones with weight 0: a NaN sum (NaN or +Inf score) or a NaN
+    // value behind a zero weight must reach the row, as in the CPU backend.
 #pragma unroll
     for (int w = 0; w < Traits::kKeySplit; ++w) {
       const int slot = (row * Traits::kKeySplit + w) * 16 + head;
-      const float wmax = part_max[slot];
-      if (wmax == -INFINITY) continue;
-      const float scale = fast_exp2(wmax - m);
+      const float scale = fast_exp2(part_max[slot] - ref);
       l += scale * part_sum[slot];
       add_scaled_group(v, part_o + slot * Traits::kPartialStride + grp * 32, scale);
     }
-    float lse = -INFINITY;
-    // No key: exact zeros (l is 0, v is 0) and a -inf log-sum-exp.
-    const float inv = l > 0.0f ? p.v_scale / l : 0.0f;
+    const OutputScale out_scale = output_scale(l, m, p.v_scale);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] *= inv;
-    if (l > 0.0f) lse = (m + __log2f(l)) * kLn2;
+    for (int j = 0; j < 32; ++j) v[j] *= out_scale.inv;
+    const float lse = out_scale.lse_log2 * kLn2;
     const std::int64_t t = tile.row + row;
     const int hq = kv_head * p.group + head;
     if (p.splits == 1) {
