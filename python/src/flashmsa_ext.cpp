@@ -98,8 +98,11 @@ TensorView output_view(nb::handle obj, const char* name) {
 TensorView cache_view(nb::handle obj, const char* name, DType cache) {
   TensorView t = output_view(obj, name);
   if (t.dtype == DType::kBf16 && cache == DType::kFp16) {
-    const auto d = nb::cast<WritableArray>(obj).dtype();
-    if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt)) t.dtype = cache;
+    WritableArray a;
+    if (nb::try_cast(obj, a, false) &&
+        a.dtype().code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::UInt)) {
+      t.dtype = cache;
+    }
   }
   return t;
 }
@@ -162,11 +165,15 @@ int int_arg(std::int64_t v, const char* name, std::int64_t lo = INT32_MIN) {
   return static_cast<int>(v);
 }
 
-OpOptions op_options(bool checked, std::int64_t threads, std::uintptr_t stream = 0) {
+OpOptions op_options(bool checked, std::int64_t threads, std::int64_t stream = 0) {
   OpOptions o;
   o.checked = checked;
   o.num_threads = int_arg(threads, "threads (0: one per core)", 0);
-  o.stream = reinterpret_cast<void*>(stream);  // cudaStream_t (e.g. torch's cuda_stream)
+  if (stream < 0) {
+    value_error("stream must be a cudaStream_t as an integer (0: the default stream), got " +
+                std::to_string(stream));
+  }
+  o.stream = reinterpret_cast<void*>(static_cast<std::uintptr_t>(stream));  // e.g. torch's
   return o;
 }
 
@@ -440,7 +447,7 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "insert_kv",
       [](const KvCacheView& cache, const AnyArray& k, const AnyArray& v, const AnyArray& slots,
-         bool checked, std::uintptr_t stream) {
+         bool checked, std::int64_t stream) {
         insert_kv(cache, view(k, "k"), view(v, "v"), view(slots, "slot_mapping"),
                   op_options(checked, 0, stream));
       },
@@ -451,7 +458,7 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "insert_index_k",
       [](const IndexCacheView& cache, const AnyArray& ik, const AnyArray& slots, bool checked,
-         std::uintptr_t stream) {
+         std::int64_t stream) {
         insert_index_k(cache, view(ik, "index_k"), view(slots, "slot_mapping"),
                        op_options(checked, 0, stream));
       },
@@ -465,19 +472,20 @@ NB_MODULE(_flashmsa, m) {
          const AnyArray& cu_seqlens_q, const AnyArray& seq_lens, const AnyArray& block_table,
          nb::handle out, nb::handle block_scores,
          bool checked, std::int64_t threads, nb::handle workspace,
-         std::uintptr_t stream) -> nb::object {
+         std::int64_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
         auto [result, topk] = topk_output(out, hkv, q.shape[0], c.sparse_topk_blocks);
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
+        // Every view (they touch Python objects) before the GIL is released.
+        const IndexOutputs outputs{topk, output_view(block_scores, "block_scores"),
+                                   output_view(workspace, "workspace")};
+        const OpOptions options = op_options(checked, threads, stream);
         {
           nb::gil_scoped_release release;
-          index_prefill(c, q, cache, batch,
-                        {topk, output_view(block_scores, "block_scores"),
-                         output_view(workspace, "workspace")},
-                        op_options(checked, threads, stream));
+          index_prefill(c, q, cache, batch, outputs, options);
         }
         return result;
       },
@@ -495,7 +503,7 @@ NB_MODULE(_flashmsa, m) {
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& topk,
          nb::handle out, nb::handle lse, bool checked, std::int64_t threads,
-         nb::handle workspace, std::uintptr_t stream) {
+         nb::handle workspace, std::int64_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
@@ -503,8 +511,9 @@ NB_MODULE(_flashmsa, m) {
         o.lse = output_view(lse, "lse");
         o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
+        const OpOptions options = op_options(checked, threads, stream);
         nb::gil_scoped_release release;
-        sparse_attention_prefill(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
+        sparse_attention_prefill(c, qv, cache, batch, tk, o, options);
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
       nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("topk"), nb::arg("out"),
@@ -519,7 +528,7 @@ NB_MODULE(_flashmsa, m) {
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, nb::handle out,
          nb::handle lse, bool checked, std::int64_t threads,
-         nb::handle workspace, std::uintptr_t stream) {
+         nb::handle workspace, std::int64_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
@@ -527,8 +536,9 @@ NB_MODULE(_flashmsa, m) {
         o.lse = output_view(lse, "lse");
         o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q");
+        const OpOptions options = op_options(checked, threads, stream);
         nb::gil_scoped_release release;
-        dense_attention(c, qv, cache, batch, o, op_options(checked, threads, stream));
+        dense_attention(c, qv, cache, batch, o, options);
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("cu_seqlens_q"),
       nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out"), nb::arg("lse") = nb::none(),
@@ -541,17 +551,18 @@ NB_MODULE(_flashmsa, m) {
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& seq_lens, const AnyArray& block_table, std::int64_t decode_query_len,
          nb::handle out, bool checked, std::int64_t threads,
-         nb::handle workspace, std::uintptr_t stream) -> nb::object {
+         nb::handle workspace, std::int64_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
         auto [result, topk] = topk_output(out, hkv, q.shape[0], c.sparse_topk_blocks);
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           int_arg(decode_query_len, "decode_query_len")};
+        const IndexOutputs outputs{topk, {}, output_view(workspace, "workspace")};
+        const OpOptions options = op_options(checked, threads, stream);
         {
           nb::gil_scoped_release release;
-          index_decode(c, q, cache, batch, {topk, {}, output_view(workspace, "workspace")},
-                       op_options(checked, threads, stream));
+          index_decode(c, q, cache, batch, outputs, options);
         }
         return result;
       },
@@ -584,7 +595,7 @@ NB_MODULE(_flashmsa, m) {
          const AnyArray& block_table, const AnyArray& topk, nb::handle out,
          std::int64_t decode_query_len, nb::handle lse,
          nb::handle mxfp8_scales, const std::string& scale_layout, bool checked,
-         std::int64_t threads, nb::handle workspace, std::uintptr_t stream) {
+         std::int64_t threads, nb::handle workspace, std::int64_t stream) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           int_arg(decode_query_len, "decode_query_len")};
         AttentionOutputs o;
@@ -602,8 +613,9 @@ NB_MODULE(_flashmsa, m) {
         o.lse = output_view(lse, "lse");
         o.workspace = output_view(workspace, "workspace");
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
+        const OpOptions options = op_options(checked, threads, stream);
         nb::gil_scoped_release release;
-        sparse_attention_decode(c, qv, cache, batch, tk, o, op_options(checked, threads, stream));
+        sparse_attention_decode(c, qv, cache, batch, tk, o, options);
       },
       nb::arg("config"), nb::arg("q"), nb::arg("kv_cache"), nb::arg("seq_lens"),
       nb::arg("block_table"), nb::arg("topk"), nb::arg("out"), nb::arg("decode_query_len") = 1,
@@ -622,7 +634,7 @@ NB_MODULE(_flashmsa, m) {
          const AnyArray& slot_mapping, const KvCacheView& kv, const IndexCacheView& index,
          nb::handle q_out, nb::handle index_q_out,
          const std::optional<AnyArray>& index_slot_mapping, bool checked, std::int64_t threads,
-         std::uintptr_t stream) {
+         std::int64_t stream) {
         ProducerInputs in;
         in.qkv_index = view(qkv_index, "qkv_index");
         in.q_norm_weight = view(q_norm_weight, "q_norm_weight");
@@ -634,8 +646,9 @@ NB_MODULE(_flashmsa, m) {
         in.index_slot_mapping = optional_view(index_slot_mapping, "index_slot_mapping");
         ProducerOutputs out{output_view(q_out, "q"), output_view(index_q_out, "index_q")};
         if (c.indexer_kv_dtype == "fp8") out.index_q = as_fp8(out.index_q);
+        const OpOptions options = op_options(checked, threads, stream);
         nb::gil_scoped_release release;
-        produce_qkv_index(c, in, kv, index, out, op_options(checked, threads, stream));
+        produce_qkv_index(c, in, kv, index, out, options);
       },
       nb::arg("config"), nb::arg("qkv_index"), nb::arg("q_norm_weight"), nb::arg("k_norm_weight"),
       nb::arg("index_q_norm_weight"), nb::arg("index_k_norm_weight"), nb::arg("positions"),
