@@ -443,8 +443,8 @@ struct PrefillAttention {
     fill(q.ptr, q.n, 22);
   }
   KvCacheView cache() const {
-    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.buffer(),
-                             {}, flashmsa::Device::kCuda);
+    return KvCacheView::make(KvLayout::kPacked, DType::kBf16, {pages, 4, 128, 128}, kv.buffer(), {},
+                             flashmsa::Device::kCuda);
   }
   PrefillBatch batch() const {
     return {device_view(cu.ptr, DType::kInt32, {2}), device_view(seq_lens.ptr, DType::kInt32, {1}),

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command: set-up, build (CUDA code too when nvcc is found) and every test:
-# the C++ suites through CTest, then the Python package's through pytest.
+# the C++ suites through CTest, then the Python package's through pytest, then the C++ CPU suite
+# again in an AddressSanitizer + UndefinedBehaviorSanitizer build.
 # GPU tests skip, with the reason, on machines without an sm_90 GPU.
 #   FLASHMSA_CMAKE_ARGS="-DFLASHMSA_ENABLE_CUDA=OFF" scripts/test.sh   # CPU-only build
 set -euo pipefail
@@ -22,3 +23,15 @@ fi
 ctest --test-dir build -j"$jobs" --output-on-failure
 # The Python package (installed into .venv by scripts/setup.sh), on the CPU with numpy.
 .venv/bin/python -m pytest -q -rs tests/python
+# The whole C++ CPU suite again under AddressSanitizer + UndefinedBehaviorSanitizer (host code,
+# CPU backend; any report fails the run). About 3 min to build and 6 to run on 2 cores.
+# FLASHMSA_SKIP_SANITIZERS=1 skips it (e.g. for a quick local iteration).
+if [ "${FLASHMSA_SKIP_SANITIZERS:-0}" != 1 ]; then
+  cmake -S . -B build-asan -G Ninja -DFLASHMSA_ENABLE_CUDA=OFF -DFLASHMSA_SANITIZE=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo >build-asan.configure.log 2>&1 ||
+    { cat build-asan.configure.log; exit 1; }
+  cmake --build build-asan -j"$jobs"
+  echo "test.sh: the C++ CPU suite under ASan + UBSan"
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 \
+    ctest --test-dir build-asan -j"$jobs" --output-on-failure
+fi

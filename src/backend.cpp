@@ -42,9 +42,9 @@ const BackendCapabilities& capabilities(Backend backend) noexcept {
     caps.block_sizes = {128};
     caps.head_dims = {128};
     caps.index_dims = {128};
-    caps.max_topk_blocks = 64;           // the top-k and attention kernels' row arrays
-    caps.max_q_heads_per_kv_head = 16;   // one kv head's q heads are the 16 MMA rows
-    caps.max_table_blocks = 32768;       // one row's block keys in the top-k CTA's shared memory
+    caps.max_topk_blocks = 64;          // the top-k and attention kernels' row arrays
+    caps.max_q_heads_per_kv_head = 16;  // one kv head's q heads are the 16 MMA rows
+    caps.max_table_blocks = 32768;      // one row's block keys in the top-k CTA's shared memory
     return caps;
   }();
   return backend == Backend::kCudaSm90 ? kCudaSm90 : kCpu;

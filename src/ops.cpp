@@ -322,9 +322,8 @@ void check_attention_args(const Config& config, const Shapes& s, const TensorVie
                          "mxfp8_scales must be contiguous, got row stride ",
                          out.mxfp8_scales.stride[0]);
     } else {
-      check_output_tensor(
-          out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
-          {fmt::mxfp8_scale_buffer_size(rows, scale_cols, out.mxfp8_scale_layout)});
+      check_output_tensor(out.mxfp8_scales, "mxfp8_scales", DType::kUint8, kv.device,
+                          {fmt::mxfp8_scale_buffer_size(rows, scale_cols, out.mxfp8_scale_layout)});
     }
   } else {
     check_output_tensor(out.out, "out", {DType::kBf16, DType::kFp16, DType::kFp32}, kv.device,

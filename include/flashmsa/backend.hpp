@@ -30,9 +30,9 @@ struct BackendCapabilities {
   std::vector<int> block_sizes;
   std::vector<int> head_dims;
   std::vector<int> index_dims;
-  int max_topk_blocks = 0;          // sparse_topk_blocks
-  int max_q_heads_per_kv_head = 0;  // GQA group size
-  int max_decode_query_len = 0;     // 1 + speculative tokens (DecodeBatch::decode_query_len)
+  int max_topk_blocks = 0;            // sparse_topk_blocks
+  int max_q_heads_per_kv_head = 0;    // GQA group size
+  int max_decode_query_len = 0;       // 1 + speculative tokens (DecodeBatch::decode_query_len)
   std::int64_t max_table_blocks = 0;  // block_table columns (logical blocks per request)
 };
 const BackendCapabilities& capabilities(Backend backend) noexcept;

@@ -71,9 +71,8 @@ struct KvCacheView {
   // otherwise; NVFP4 needs scale buffers laid out the same way with D/16-byte rows (`k_scales`,
   // and `v_scales` for two-buffer layouts).
   static KvCacheView make(KvLayout layout, DType dtype, const KvCacheShape& shape,
-                          CacheBuffer k_data, CacheBuffer v_data = {},
-                          Device device = Device::kCpu, CacheBuffer k_scales = {},
-                          CacheBuffer v_scales = {});
+                          CacheBuffer k_data, CacheBuffer v_data = {}, Device device = Device::kCpu,
+                          CacheBuffer k_scales = {}, CacheBuffer v_scales = {});
   // Builds a view over framework tensors (any strides, last dimension contiguous), deriving the
   // page count, kv heads and head dim from their shapes:
   //   kPacked [pages, Hkv, page, 2*E], kSeparate [pages, Hkv, page, E] (k and v),

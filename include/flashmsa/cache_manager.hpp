@@ -34,10 +34,10 @@ struct CacheManagerOptions {
   std::optional<std::uint64_t> shuffle_seed;
   // Caller-owned buffers with their sizes; when kv_data is set the manager allocates nothing.
   // Each must hold at least KvCacheView::buffer_bytes / IndexCacheView::buffer_bytes.
-  CacheBuffer kv_data;       // K (or the packed/stacked buffer)
-  CacheBuffer v_data;        // V, for two-buffer layouts
-  CacheBuffer kv_scales;     // NVFP4 K scales (or packed/stacked scales)
-  CacheBuffer v_scales;      // NVFP4 V scales, two-buffer layouts
+  CacheBuffer kv_data;    // K (or the packed/stacked buffer)
+  CacheBuffer v_data;     // V, for two-buffer layouts
+  CacheBuffer kv_scales;  // NVFP4 K scales (or packed/stacked scales)
+  CacheBuffer v_scales;   // NVFP4 V scales, two-buffer layouts
   CacheBuffer index_data;
   CacheBuffer index_scales;  // NVFP4 index cache
 };

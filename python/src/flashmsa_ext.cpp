@@ -86,11 +86,15 @@ TensorView output_view(nb::handle obj, const char* name) {
   if (nb::try_cast(obj, a, false)) return view(a, name);
   AnyArray ro;
   if (nb::try_cast(obj, ro, false)) {
-    value_error(std::string(name) + " is written by this call and must be a writable array, got "
+    value_error(std::string(name) +
+                " is written by this call and must be a writable array, got "
                 "a read-only one");
   }
-  throw nb::type_error((std::string(name) + " must be an array (numpy, torch or any DLPack "
-                        "tensor), got " + nb::inst_name(obj).c_str()).c_str());
+  throw nb::type_error((std::string(name) +
+                        " must be an array (numpy, torch or any DLPack "
+                        "tensor), got " +
+                        nb::inst_name(obj).c_str())
+                           .c_str());
 }
 
 // A cache array (caches are written by the insert ops, so they must be writable): numpy's
@@ -142,8 +146,8 @@ KvLayout parse_layout(const std::string& name) {
 }
 
 // The top-k output: the caller's `out`, or a new int32 [hkv, rows, k] numpy array.
-std::pair<nb::object, TensorView> topk_output(nb::handle out, std::int64_t hkv,
-                                              std::int64_t rows, std::int64_t k) {
+std::pair<nb::object, TensorView> topk_output(nb::handle out, std::int64_t hkv, std::int64_t rows,
+                                              std::int64_t k) {
   if (!out.is_none()) {
     const TensorView t = output_view(out, "out");
     check_output_tensor(t, "out", DType::kInt32, t.device, {hkv, rows, k});  // named as passed
@@ -177,7 +181,8 @@ OpOptions op_options(bool checked, std::int64_t threads, std::int64_t stream = 0
   return o;
 }
 
-// Config's int fields as properties whose setters name the field when a value does not fit.
+// Config's int fields (plain or optional) as properties whose setters name the field when a value
+// does not fit.
 template <auto Field>
 auto int_getter() {
   return [](const Config& c) { return c.*Field; };
@@ -185,10 +190,6 @@ auto int_getter() {
 template <auto Field>
 auto int_setter(const char* name) {
   return [name](Config& c, std::int64_t v) { c.*Field = int_arg(v, name); };
-}
-template <auto Field>
-auto optional_int_getter() {
-  return [](const Config& c) { return c.*Field; };
 }
 template <auto Field>
 auto optional_int_setter(const char* name) {
@@ -238,20 +239,29 @@ NB_MODULE(_flashmsa, m) {
                      "defaults; TensorRT-LLM MiniMaxM3SparseAttentionConfig field names).")
       .def(nb::init<>())
       .def_rw("algorithm", &Config::algorithm)
-      .def_prop_rw("sparse_num_index_heads", int_getter<&Config::sparse_num_index_heads>(), int_setter<&Config::sparse_num_index_heads>("sparse_num_index_heads"))
-      .def_prop_rw("sparse_index_dim", int_getter<&Config::sparse_index_dim>(), int_setter<&Config::sparse_index_dim>("sparse_index_dim"))
-      .def_prop_rw("sparse_block_size", int_getter<&Config::sparse_block_size>(), int_setter<&Config::sparse_block_size>("sparse_block_size"))
-      .def_prop_rw("sparse_topk_blocks", int_getter<&Config::sparse_topk_blocks>(), int_setter<&Config::sparse_topk_blocks>("sparse_topk_blocks"))
-      .def_prop_rw("sparse_init_blocks", int_getter<&Config::sparse_init_blocks>(), int_setter<&Config::sparse_init_blocks>("sparse_init_blocks"))
-      .def_prop_rw("sparse_local_blocks", int_getter<&Config::sparse_local_blocks>(), int_setter<&Config::sparse_local_blocks>("sparse_local_blocks"))
+      .def_prop_rw("sparse_num_index_heads", int_getter<&Config::sparse_num_index_heads>(),
+                   int_setter<&Config::sparse_num_index_heads>("sparse_num_index_heads"))
+      .def_prop_rw("sparse_index_dim", int_getter<&Config::sparse_index_dim>(),
+                   int_setter<&Config::sparse_index_dim>("sparse_index_dim"))
+      .def_prop_rw("sparse_block_size", int_getter<&Config::sparse_block_size>(),
+                   int_setter<&Config::sparse_block_size>("sparse_block_size"))
+      .def_prop_rw("sparse_topk_blocks", int_getter<&Config::sparse_topk_blocks>(),
+                   int_setter<&Config::sparse_topk_blocks>("sparse_topk_blocks"))
+      .def_prop_rw("sparse_init_blocks", int_getter<&Config::sparse_init_blocks>(),
+                   int_setter<&Config::sparse_init_blocks>("sparse_init_blocks"))
+      .def_prop_rw("sparse_local_blocks", int_getter<&Config::sparse_local_blocks>(),
+                   int_setter<&Config::sparse_local_blocks>("sparse_local_blocks"))
       .def_rw("sparse_score_type", &Config::sparse_score_type)
       .def_rw("sparse_disable_index_value", &Config::sparse_disable_index_value)
       .def_rw("indexer_kv_dtype", &Config::indexer_kv_dtype)
       .def_rw("fuse_qkv_index_projection", &Config::fuse_qkv_index_projection)
-      .def_prop_rw("num_attention_heads", optional_int_getter<&Config::num_attention_heads>(), optional_int_setter<&Config::num_attention_heads>("num_attention_heads"))
-      .def_prop_rw("num_key_value_heads", optional_int_getter<&Config::num_key_value_heads>(), optional_int_setter<&Config::num_key_value_heads>("num_key_value_heads"))
+      .def_prop_rw("num_attention_heads", int_getter<&Config::num_attention_heads>(),
+                   optional_int_setter<&Config::num_attention_heads>("num_attention_heads"))
+      .def_prop_rw("num_key_value_heads", int_getter<&Config::num_key_value_heads>(),
+                   optional_int_setter<&Config::num_key_value_heads>("num_key_value_heads"))
       .def_rw("implementation", &Config::implementation)
-      .def_prop_rw("head_dim", int_getter<&Config::head_dim>(), int_setter<&Config::head_dim>("head_dim"))
+      .def_prop_rw("head_dim", int_getter<&Config::head_dim>(),
+                   int_setter<&Config::head_dim>("head_dim"))
       .def_prop_rw(
           "kv_cache_dtype",
           [](const Config& c) { return std::string(to_string(c.kv_cache_dtype)); },
@@ -272,7 +282,8 @@ NB_MODULE(_flashmsa, m) {
           nb::arg("dtype"),
           "Set index_cache_dtype and what it implies (the fp8 indexer for fp8_e4m3).")
       .def_rw("softmax_scale", &Config::softmax_scale)
-      .def_prop_rw("rope_dim", int_getter<&Config::rope_dim>(), int_setter<&Config::rope_dim>("rope_dim"))
+      .def_prop_rw("rope_dim", int_getter<&Config::rope_dim>(),
+                   int_setter<&Config::rope_dim>("rope_dim"))
       .def_rw("rope_theta", &Config::rope_theta)
       .def_rw("rms_norm_eps", &Config::rms_norm_eps)
       .def_rw("topk_order", &Config::topk_order)
@@ -319,8 +330,8 @@ NB_MODULE(_flashmsa, m) {
                       std::to_string(out.shape.num_kv_heads) + " kv heads");
         }
         if (head_dim && *head_dim != out.shape.head_dim) {
-          value_error("head_dim is " + std::to_string(*head_dim) + " but k's shape holds head_dim " +
-                      std::to_string(out.shape.head_dim));
+          value_error("head_dim is " + std::to_string(*head_dim) +
+                      " but k's shape holds head_dim " + std::to_string(out.shape.head_dim));
         }
         out.k_scale = k_scale;
         out.v_scale = v_scale;
@@ -414,13 +425,15 @@ NB_MODULE(_flashmsa, m) {
 
   m.def(
       "build_batch_metadata",
-      [](const std::vector<std::pair<std::int64_t, std::int64_t>>& decode, std::int64_t decode_query_len,
+      [](const std::vector<std::pair<std::int64_t, std::int64_t>>& decode,
+         std::int64_t decode_query_len,
          const std::vector<std::pair<std::int64_t, std::int64_t>>& prefill,
          std::int64_t decode_capacity) {
         std::vector<RequestShape> d, p;
         for (auto [a, b] : decode) d.push_back({a, b});
         for (auto [a, b] : prefill) p.push_back({a, b});
-        const BatchMetadata md = build_batch_metadata(d, int_arg(decode_query_len, "decode_query_len"), p, decode_capacity);
+        const BatchMetadata md = build_batch_metadata(
+            d, int_arg(decode_query_len, "decode_query_len"), p, decode_capacity);
         nb::dict out;
         auto arr = [](const std::vector<std::int32_t>& v) {
           auto a = new_array<std::int32_t>({v.size()});
@@ -463,16 +476,14 @@ NB_MODULE(_flashmsa, m) {
                        op_options(checked, 0, stream));
       },
       nb::arg("cache"), nb::arg("index_k"), nb::arg("slot_mapping"), nb::arg("checked") = false,
-      nb::arg("stream") = 0,
-      "Write index_k [T, Di] at slot_mapping [T] int64.");
+      nb::arg("stream") = 0, "Write index_k [T, Di] at slot_mapping [T] int64.");
 
   m.def(
       "index_prefill",
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& cu_seqlens_q, const AnyArray& seq_lens, const AnyArray& block_table,
-         nb::handle out, nb::handle block_scores,
-         bool checked, std::int64_t threads, nb::handle workspace,
-         std::int64_t stream) -> nb::object {
+         nb::handle out, nb::handle block_scores, bool checked, std::int64_t threads,
+         nb::handle workspace, std::int64_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
@@ -502,8 +513,8 @@ NB_MODULE(_flashmsa, m) {
       "sparse_attention_prefill",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
          const AnyArray& seq_lens, const AnyArray& block_table, const AnyArray& topk,
-         nb::handle out, nb::handle lse, bool checked, std::int64_t threads,
-         nb::handle workspace, std::int64_t stream) {
+         nb::handle out, nb::handle lse, bool checked, std::int64_t threads, nb::handle workspace,
+         std::int64_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
@@ -526,9 +537,8 @@ NB_MODULE(_flashmsa, m) {
   m.def(
       "dense_attention",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& cu_seqlens_q,
-         const AnyArray& seq_lens, const AnyArray& block_table, nb::handle out,
-         nb::handle lse, bool checked, std::int64_t threads,
-         nb::handle workspace, std::int64_t stream) {
+         const AnyArray& seq_lens, const AnyArray& block_table, nb::handle out, nb::handle lse,
+         bool checked, std::int64_t threads, nb::handle workspace, std::int64_t stream) {
         PrefillBatch batch{view(cu_seqlens_q, "cu_seqlens_q"), view(seq_lens, "seq_lens"),
                            view(block_table, "block_table")};
         AttentionOutputs o;
@@ -550,8 +560,8 @@ NB_MODULE(_flashmsa, m) {
       "index_decode",
       [](const Config& c, const AnyArray& index_q, const IndexCacheView& cache,
          const AnyArray& seq_lens, const AnyArray& block_table, std::int64_t decode_query_len,
-         nb::handle out, bool checked, std::int64_t threads,
-         nb::handle workspace, std::int64_t stream) -> nb::object {
+         nb::handle out, bool checked, std::int64_t threads, nb::handle workspace,
+         std::int64_t stream) -> nb::object {
         const TensorView q = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
                                                          : view(index_q, "index_q");
         const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
@@ -593,9 +603,9 @@ NB_MODULE(_flashmsa, m) {
       "sparse_attention_decode",
       [](const Config& c, const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
          const AnyArray& block_table, const AnyArray& topk, nb::handle out,
-         std::int64_t decode_query_len, nb::handle lse,
-         nb::handle mxfp8_scales, const std::string& scale_layout, bool checked,
-         std::int64_t threads, nb::handle workspace, std::int64_t stream) {
+         std::int64_t decode_query_len, nb::handle lse, nb::handle mxfp8_scales,
+         const std::string& scale_layout, bool checked, std::int64_t threads, nb::handle workspace,
+         std::int64_t stream) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           int_arg(decode_query_len, "decode_query_len")};
         AttentionOutputs o;

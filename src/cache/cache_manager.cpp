@@ -80,9 +80,8 @@ CacheManager::CacheManager(const Config& config, const CacheManagerOptions& opti
         two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape)) : CacheBuffer{};
     if (nvfp4) {
       buffers.kv_scales = own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true));
-      buffers.v_scales =
-          two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true))
-              : CacheBuffer{};
+      buffers.v_scales = two ? own(KvCacheView::buffer_bytes(options.layout, kv_dtype, shape, true))
+                             : CacheBuffer{};
     }
     buffers.index_data = own(IndexCacheView::buffer_bytes(
         index_dtype, index_pages, config.sparse_index_dim, false, page_size_));

@@ -161,8 +161,10 @@ KvCacheView KvCacheView::from_tensors(KvLayout layout, DType dtype, const Tensor
   const TensorBuffer kb = tensor_buffer(k, "k", dtype, false, dims.rank, dims.shape);
   std::int64_t row_elems = k.shape[dims.rank - 1];
   if (layout == KvLayout::kPacked) {
-    FLASHMSA_CHECK_ARG(row_elems % 2 == 0, "k (packed) must have an even last dimension (K then V),"
-                       " got ", row_elems);
+    FLASHMSA_CHECK_ARG(row_elems % 2 == 0,
+                       "k (packed) must have an even last dimension (K then V),"
+                       " got ",
+                       row_elems);
     row_elems /= 2;
   }
   if (layout == KvLayout::kStacked) {
@@ -208,9 +210,9 @@ KvCacheView KvCacheView::from_tensors(KvLayout layout, DType dtype, const Tensor
     same_shape(k_scales, "k_scales", k_last);
     if (layout == KvLayout::kPacked || layout == KvLayout::kStacked) {
       view.k_block_scale = tensor_plane(k_scales, sb, dims.page, dims.head, dims.token, 0, srow);
-      view.v_block_scale = tensor_plane(k_scales, sb, dims.page, dims.head, dims.token,
-                                        layout == KvLayout::kPacked ? srow : k_scales.stride[1],
-                                        srow);
+      view.v_block_scale =
+          tensor_plane(k_scales, sb, dims.page, dims.head, dims.token,
+                       layout == KvLayout::kPacked ? srow : k_scales.stride[1], srow);
     } else {
       const TensorBuffer vsb =
           tensor_buffer(v_scales, "v_scales", dtype, true, dims.rank, dims.shape);
@@ -286,9 +288,8 @@ void validate_plane(const std::string& name, const CachePlane& pl, std::int64_t 
   }
   FLASHMSA_CHECK_ARG(!__builtin_add_overflow(max_offset, pl.row_bytes, &max_offset), name,
                      ": the largest offset overflows int64");
-  FLASHMSA_CHECK_ARG(max_offset <= pl.extent_bytes, name, ": ", pages, " pages reach ",
-                     max_offset, " bytes from its data, but its memory (extent_bytes) holds ",
-                     pl.extent_bytes);
+  FLASHMSA_CHECK_ARG(max_offset <= pl.extent_bytes, name, ": ", pages, " pages reach ", max_offset,
+                     " bytes from its data, but its memory (extent_bytes) holds ", pl.extent_bytes);
   // Rows must not overlap: with the dimensions ordered by stride, each stride must clear
   // everything the smaller ones span.
   std::sort(dims.begin(), dims.end(),
@@ -315,8 +316,9 @@ KvCacheView KvCacheView::make(KvLayout layout, DType dtype, const KvCacheShape& 
   FLASHMSA_CHECK_ARG(two_buffers(layout) || (v_data.data == nullptr && v_scales.data == nullptr),
                      "kv_cache: this layout keeps K and V in one buffer; v_data and v_scales "
                      "must be empty");
-  FLASHMSA_CHECK_ARG(dtype == DType::kNvfp4 || (k_scales.data == nullptr && v_scales.data == nullptr),
-                     "kv_cache block scales are only for nvfp4, got them with ", to_string(dtype));
+  FLASHMSA_CHECK_ARG(
+      dtype == DType::kNvfp4 || (k_scales.data == nullptr && v_scales.data == nullptr),
+      "kv_cache block scales are only for nvfp4, got them with ", to_string(dtype));
   KvCacheView view;
   view.dtype = dtype;
   view.device = device;
@@ -339,9 +341,8 @@ std::int64_t KvCacheView::buffer_bytes(KvLayout layout, DType dtype, const KvCac
                                        bool scales) {
   const std::int64_t row =
       scales ? scale_row_bytes(shape.head_dim) : cache_row_bytes(dtype, shape.head_dim);
-  return product_or_throw("kv_cache buffer bytes",
-                          {two_buffers(layout) ? 1 : 2, shape.num_pages, shape.num_kv_heads,
-                           shape.page_size, row});
+  return product_or_throw("kv_cache buffer bytes", {two_buffers(layout) ? 1 : 2, shape.num_pages,
+                                                    shape.num_kv_heads, shape.page_size, row});
 }
 
 void KvCacheView::validate() const {
@@ -402,9 +403,9 @@ IndexCacheView IndexCacheView::make(DType dtype, std::int64_t num_pages, std::in
 std::int64_t IndexCacheView::buffer_bytes(DType dtype, std::int64_t num_pages,
                                           std::int64_t index_dim, bool scales,
                                           std::int64_t page_size) {
-  return product_or_throw(
-      "index_cache buffer bytes",
-      {num_pages, page_size, scales ? scale_row_bytes(index_dim) : cache_row_bytes(dtype, index_dim)});
+  return product_or_throw("index_cache buffer bytes", {num_pages, page_size,
+                                                       scales ? scale_row_bytes(index_dim)
+                                                              : cache_row_bytes(dtype, index_dim)});
 }
 
 void IndexCacheView::validate() const {

@@ -55,8 +55,9 @@ BatchMetadata build_batch_metadata(std::span<const RequestShape> decode, int dec
   }
 
   BatchMetadata m;
-  const auto requests = static_cast<std::size_t>(
-      std::max<std::int64_t>(decode_capacity, num_decode) + static_cast<std::int64_t>(prefill.size()));
+  const auto requests =
+      static_cast<std::size_t>(std::max<std::int64_t>(decode_capacity, num_decode) +
+                               static_cast<std::int64_t>(prefill.size()));
   m.token_request.reserve(static_cast<std::size_t>(total));
   m.token_position.reserve(static_cast<std::size_t>(total));
   m.cu_seqlens_q.reserve(requests + 1);

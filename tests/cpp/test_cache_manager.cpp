@@ -91,8 +91,10 @@ TEST(CacheManager, CallerBuffersAndDeviceChoice) {
   const KvCacheShape shape{2, 4, 128, 128};
   std::vector<std::byte> kv(KvCacheView::buffer_bytes(KvLayout::kPacked, DType::kBf16, shape));
   std::vector<std::byte> idx(IndexCacheView::buffer_bytes(DType::kBf16, 2, 128));
-  CacheManager cm(c, {.num_pages = 2, .kv_data = {kv.data(), static_cast<std::int64_t>(kv.size() * sizeof(kv[0]))},
-                           .index_data = {idx.data(), static_cast<std::int64_t>(idx.size() * sizeof(idx[0]))}});
+  CacheManager cm(
+      c, {.num_pages = 2,
+          .kv_data = {kv.data(), static_cast<std::int64_t>(kv.size() * sizeof(kv[0]))},
+          .index_data = {idx.data(), static_cast<std::int64_t>(idx.size() * sizeof(idx[0]))}});
   EXPECT_EQ(cm.kv_cache().k.data, kv.data());
   EXPECT_EQ(cm.index_cache().k.data, idx.data());
   EXPECT_THROW(CacheManager(c, {.num_pages = 0}), Error);

@@ -36,9 +36,8 @@ TEST(CacheView, LayoutsAddressRowsAsTheSpecSays) {
       std::vector<std::byte> vs(ks.size());
       const bool two = layout == KvLayout::kSeparate || layout == KvLayout::kTokenMajor;
       if (!two) v.clear(), vs.clear();
-      const KvCacheView view = KvCacheView::make(layout, dtype, s, test::buffer(k),
-                                                 test::buffer(v), Device::kCpu, test::buffer(ks),
-                                                 test::buffer(vs));
+      const KvCacheView view = KvCacheView::make(layout, dtype, s, test::buffer(k), test::buffer(v),
+                                                 Device::kCpu, test::buffer(ks), test::buffer(vs));
       const std::int64_t row = cache_row_bytes(dtype, s.head_dim);
       EXPECT_EQ(view.k.row_bytes, row);
       for (std::int64_t p = 0; p < s.num_pages; ++p) {
@@ -76,8 +75,9 @@ TEST(CacheView, Nvfp4InterleavedSlotIsExpressible) {
   EXPECT_NO_THROW(view.validate());
   // One byte short of the last slot's scales.
   view.v_block_scale.extent_bytes = bytes - 65;
-  EXPECT_NE(expect_error([&] { view.validate(); })
-                .find("kv_cache.v_block_scale: 2 pages reach " + std::to_string(bytes - 64)),
+  EXPECT_NE(expect_error([&] {
+              view.validate();
+            }).find("kv_cache.v_block_scale: 2 pages reach " + std::to_string(bytes - 64)),
             std::string::npos);
 }
 
@@ -141,8 +141,9 @@ TEST(CacheView, ValidationNamesThePlaneAndTheRule) {
   // The reproducer of a view larger than its memory: 1000 pages over 1000 bytes.
   EXPECT_NE(expect_error([&] {
               IndexCacheView::make(DType::kBf16, 1000, 128, {idx.data(), 1000});
-            }).find("index_cache.k: 1000 pages reach 32768000 bytes from its data, but its "
-                    "memory (extent_bytes) holds 1000"),
+            })
+                .find("index_cache.k: 1000 pages reach 32768000 bytes from its data, but its "
+                      "memory (extent_bytes) holds 1000"),
             std::string::npos);
 }
 
@@ -158,34 +159,41 @@ TEST(CacheView, FromTensorsMatchesMakeForEveryLayout) {
       std::vector<std::byte> v(two ? k.size() : 0);
       std::vector<std::byte> ks(nvfp4 ? KvCacheView::buffer_bytes(layout, dtype, s, true) : 0);
       std::vector<std::byte> vs(two ? ks.size() : 0);
-      const KvCacheView want = KvCacheView::make(layout, dtype, s, test::buffer(k),
-                                                 test::buffer(v), Device::kCpu, test::buffer(ks),
-                                                 test::buffer(vs));
-      const DType carrier = nvfp4 ? DType::kUint8 : dtype == DType::kFp8E5m2 ? DType::kUint8 : dtype;
-      const std::int64_t e = cache_row_bytes(dtype, s.head_dim) / std::max(1, dtype_bits(carrier) / 8);
+      const KvCacheView want = KvCacheView::make(layout, dtype, s, test::buffer(k), test::buffer(v),
+                                                 Device::kCpu, test::buffer(ks), test::buffer(vs));
+      const DType carrier = nvfp4                      ? DType::kUint8
+                            : dtype == DType::kFp8E5m2 ? DType::kUint8
+                                                       : dtype;
+      const std::int64_t e =
+          cache_row_bytes(dtype, s.head_dim) / std::max(1, dtype_bits(carrier) / 8);
       auto tensor = [&](std::vector<std::byte>& b, DType t, std::int64_t last) {
         if (b.empty()) return TensorView{};
         switch (layout) {
           case KvLayout::kPacked:
-            return TensorView::contiguous(b.data(), t, {s.num_pages, s.num_kv_heads, s.page_size, 2 * last});
+            return TensorView::contiguous(b.data(), t,
+                                          {s.num_pages, s.num_kv_heads, s.page_size, 2 * last});
           case KvLayout::kStacked:
-            return TensorView::contiguous(b.data(), t, {s.num_pages, 2, s.num_kv_heads, s.page_size, last});
+            return TensorView::contiguous(b.data(), t,
+                                          {s.num_pages, 2, s.num_kv_heads, s.page_size, last});
           case KvLayout::kSeparate:
-            return TensorView::contiguous(b.data(), t, {s.num_pages, s.num_kv_heads, s.page_size, last});
+            return TensorView::contiguous(b.data(), t,
+                                          {s.num_pages, s.num_kv_heads, s.page_size, last});
           case KvLayout::kTokenMajor:
-            return TensorView::contiguous(b.data(), t, {s.num_pages, s.page_size, s.num_kv_heads, last});
+            return TensorView::contiguous(b.data(), t,
+                                          {s.num_pages, s.page_size, s.num_kv_heads, last});
         }
         return TensorView{};
       };
       const std::int64_t se = s.head_dim / 16;
-      const KvCacheView got = KvCacheView::from_tensors(
-          layout, dtype, tensor(k, carrier, e), tensor(v, carrier, e),
-          tensor(ks, DType::kUint8, se), tensor(vs, DType::kUint8, se));
+      const KvCacheView got =
+          KvCacheView::from_tensors(layout, dtype, tensor(k, carrier, e), tensor(v, carrier, e),
+                                    tensor(ks, DType::kUint8, se), tensor(vs, DType::kUint8, se));
       EXPECT_EQ(got.shape.num_pages, s.num_pages);
       EXPECT_EQ(got.shape.num_kv_heads, s.num_kv_heads);
       EXPECT_EQ(got.shape.page_size, s.page_size);
       EXPECT_EQ(got.shape.head_dim, s.head_dim);
-      for (auto [a, b] : {std::pair{&got.k, &want.k}, {&got.v, &want.v},
+      for (auto [a, b] : {std::pair{&got.k, &want.k},
+                          {&got.v, &want.v},
                           {&got.k_block_scale, &want.k_block_scale},
                           {&got.v_block_scale, &want.v_block_scale}}) {
         EXPECT_EQ(a->data, b->data);
@@ -209,32 +217,38 @@ TEST(CacheView, FromTensorsHonoursStridesAndRejectsWhatCannotHoldACache) {
             ((4 * 4 + 3) * 128 + 127) * 512 + 256);
   // fp32 is not a bf16 cache.
   const TensorView f32 = TensorView::contiguous(buf.data(), DType::kFp32, {3, 4, 128, 128});
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, f32); })
-                .find("k of a bf16 cache must have dtype bf16, got fp32"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, f32);
+            }).find("k of a bf16 cache must have dtype bf16, got fp32"),
             std::string::npos);
   // A broadcast (stride-0) page dimension would alias every page.
   TensorView alias = TensorView::contiguous(buf.data(), DType::kBf16, {3, 4, 128, 256});
   alias.stride[0] = 0;
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, alias); })
-                .find("makes rows overlap"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, alias);
+            }).find("makes rows overlap"),
             std::string::npos);
   // Rank, a strided last dimension, the stacked K/V dimension, a missing V.
   const TensorView flat = TensorView::contiguous(buf.data(), DType::kBf16, {1000});
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, flat); })
-                .find("k must have shape [pages, Hkv, page, 2*E] (rank 4), got rank 1"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, flat);
+            }).find("k must have shape [pages, Hkv, page, 2*E] (rank 4), got rank 1"),
             std::string::npos);
   TensorView gappy = TensorView::contiguous(buf.data(), DType::kBf16, {1, 4, 128, 256});
   gappy.stride[3] = 2;
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, gappy); })
-                .find("k must be contiguous in its last dimension"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kPacked, DType::kBf16, gappy);
+            }).find("k must be contiguous in its last dimension"),
             std::string::npos);
   const TensorView three = TensorView::contiguous(buf.data(), DType::kBf16, {1, 3, 4, 128, 128});
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kStacked, DType::kBf16, three); })
-                .find("must have 2 in dimension 1"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kStacked, DType::kBf16, three);
+            }).find("must have 2 in dimension 1"),
             std::string::npos);
   const TensorView sep = TensorView::contiguous(buf.data(), DType::kBf16, {1, 4, 128, 128});
-  EXPECT_NE(expect_error([&] { KvCacheView::from_tensors(KvLayout::kSeparate, DType::kBf16, sep); })
-                .find("v is required for this layout and dtype"),
+  EXPECT_NE(expect_error([&] {
+              KvCacheView::from_tensors(KvLayout::kSeparate, DType::kBf16, sep);
+            }).find("v is required for this layout and dtype"),
             std::string::npos);
   // Index cache: shape derived; NVFP4 scales must match.
   std::vector<std::uint8_t> idx(4 * 128 * 64), sc(4 * 128 * 8);

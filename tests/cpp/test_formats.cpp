@@ -338,8 +338,8 @@ TEST(Formats, Mxfp8RceilScaleBoundaries) {
 // (amax <= about 2^-118) is quantized as x * 2^127, exactly, and its zeros stay zero.
 TEST(Formats, Mxfp8ClampedScaleKeepsZerosAndValues) {
   std::uint8_t codes[32];
-  auto g = bf16_group({std::ldexp(1.0f, -125), 0.0f, std::ldexp(-1.5f, -130), -0.0f,
-                       std::ldexp(1.0f, -133)});
+  auto g = bf16_group(
+      {std::ldexp(1.0f, -125), 0.0f, std::ldexp(-1.5f, -130), -0.0f, std::ldexp(1.0f, -133)});
   for (auto rule : {fmt::Mxfp8ScaleRule::kRceil, fmt::Mxfp8ScaleRule::kFloor}) {
     EXPECT_EQ(fmt::mxfp8_quantize_group(g.data(), codes, rule), 0);
     EXPECT_EQ(codes[0], fmt::float_to_e4m3(4.0f, fmt::Saturation::kFinite));

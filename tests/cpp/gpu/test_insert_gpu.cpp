@@ -19,13 +19,15 @@ using test::RandomCaches;
 
 std::vector<std::byte> to_host(const DeviceBuffer<std::byte>& d) {
   std::vector<std::byte> h(d.size());
-  if (!h.empty()) FLASHMSA_CHECK_CUDA(cudaMemcpy(h.data(), d.get(), h.size(), cudaMemcpyDeviceToHost));
+  if (!h.empty())
+    FLASHMSA_CHECK_CUDA(cudaMemcpy(h.data(), d.get(), h.size(), cudaMemcpyDeviceToHost));
   return h;
 }
 
 std::unique_ptr<DeviceBuffer<std::byte>> upload(const std::vector<std::byte>& h) {
   auto d = std::make_unique<DeviceBuffer<std::byte>>(std::max<size_t>(h.size(), 1));
-  if (!h.empty()) FLASHMSA_CHECK_CUDA(cudaMemcpy(d->get(), h.data(), h.size(), cudaMemcpyHostToDevice));
+  if (!h.empty())
+    FLASHMSA_CHECK_CUDA(cudaMemcpy(d->get(), h.data(), h.size(), cudaMemcpyHostToDevice));
   return d;
 }
 
@@ -44,9 +46,10 @@ std::vector<std::int64_t> scattered_slots(std::int64_t n, std::int64_t capacity,
 TEST(InsertGpu, MatchesTheCpuBackendForEveryDtypeAndLayout) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   const KvCacheShape shape{7, 4, 128, 128};
-  for (DType dtype : {DType::kBf16, DType::kFp16, DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4}) {
-    for (KvLayout layout : {KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked,
-                            KvLayout::kTokenMajor}) {
+  for (DType dtype :
+       {DType::kBf16, DType::kFp16, DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4}) {
+    for (KvLayout layout :
+         {KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked, KvLayout::kTokenMajor}) {
       for (DType src_dtype : {DType::kBf16, DType::kFp32}) {
         RandomCaches host(layout, shape, dtype, DType::kBf16, 128, 5);
         host.kv.k_scale = 0.5f;
@@ -56,10 +59,9 @@ TEST(InsertGpu, MatchesTheCpuBackendForEveryDtypeAndLayout) {
         auto on_device = [](const std::vector<std::byte>& h, const auto& d) {
           return CacheBuffer{h.empty() ? nullptr : d->get(), static_cast<std::int64_t>(h.size())};
         };
-        KvCacheView dev =
-            KvCacheView::make(layout, dtype, shape, on_device(host.k, dk), on_device(host.v, dv),
-                              Device::kCuda, on_device(host.k_scales, dks),
-                              on_device(host.v_scales, dvs));
+        KvCacheView dev = KvCacheView::make(
+            layout, dtype, shape, on_device(host.k, dk), on_device(host.v, dv), Device::kCuda,
+            on_device(host.k_scales, dks), on_device(host.v_scales, dvs));
         dev.k_scale = 0.5f;
         dev.v_scale = 3.0f;
         const std::int64_t T = 300, elem = dtype_bits(src_dtype) / 8;
