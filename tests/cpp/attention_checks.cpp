@@ -431,6 +431,28 @@ void check_non_finite_scenario(Scenario& s, const AttentionBackend& b, DType out
 
 }  // namespace
 
+void check_long_context_union(const AttentionBackend& b) {
+  const Config c;
+  const std::int64_t len = 300000, dql = 4;  // 2344 blocks: two windows of the union build
+  Scenario s = make_decode(c, {len}, dql, 31);
+  const std::int64_t hkv = 4, width = 16, last = (len - 1) / 128;
+  std::vector<std::int32_t> topk(static_cast<std::size_t>(hkv * dql * width));
+  std::mt19937 rng(17);
+  for (std::int64_t h = 0; h < hkv; ++h) {
+    for (std::int64_t t = 0; t < dql; ++t) {
+      std::int32_t* row = topk.data() + (h * dql + t) * width;
+      // The window edges, both windows, the local block; the rest random over the context.
+      const std::int32_t fixed[] = {0, 2046, 2047, 2048, 2049, static_cast<std::int32_t>(last)};
+      std::copy(std::begin(fixed), std::end(fixed), row);
+      for (std::int64_t i = 6; i < width; ++i) {
+        row[i] = static_cast<std::int32_t>(rng() % static_cast<std::uint32_t>(last + 1));
+      }
+    }
+  }
+  const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, DType::kBf16, b.run);
+  check_against_oracle(s, run, &topk, width, b.probabilities);
+}
+
 void check_non_finite(const AttentionBackend& b) {
   for (DType kv : {DType::kBf16, DType::kFp8E4m3}) {
     SCOPED_TRACE(::testing::Message() << "kv cache " << to_string(kv));

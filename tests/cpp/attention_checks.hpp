@@ -75,6 +75,10 @@ void check_full_coverage_equals_dense(const AttentionBackend& b);
 void check_deterministic(const AttentionBackend& b);
 // MXFP8 decode output equals quantizing the bf16 output, in both scale layouts and both rules.
 void check_mxfp8_decode(const AttentionBackend& b);
+// A context past the union build's 2048-block window (a 300K-token request, decode of 4 rows):
+// hand-made selections in both windows and at the window edges, against the oracle. Large
+// (about 700 MB of host cache): run where memory allows (the GPU suite).
+void check_long_context_union(const AttentionBackend& b);
 // Non-finite inputs are never hidden (spec section 5), for prefill and decode (dql 1 and 4), on a
 // bf16 and an E4M3 cache: a NaN query gives a NaN row and log-sum-exp; a key whose K is +Inf
 // (bf16) or NaN (E4M3) makes every row that sees it NaN, log-sum-exp included; a NaN value makes

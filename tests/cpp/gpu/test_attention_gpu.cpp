@@ -115,6 +115,11 @@ TEST(AttentionGpu, Mxfp8DecodeOutputIsTheQuantizedBf16Output) {
   test::check_mxfp8_decode(kGpuBf16P);
 }
 
+TEST(AttentionGpu, UnionBuildPastOneWindowOf2048Blocks) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_long_context_union(kGpuBf16P);
+}
+
 TEST(AttentionGpu, NonFiniteInputsAreNeverHidden) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   test::check_non_finite(kGpuBf16P);
