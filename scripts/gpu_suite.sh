@@ -11,17 +11,21 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests),
 # --python (with --quick: also build and run the Python tests), --bench (also run the CUDA
-# benchmark). Environment: GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases,
+# benchmark), --reliability (the full reliability run: 10^4 differential cases against the CPU
+# backend, a 10^5-step decode-graph soak, 100 bitwise repeats per op; sizes overridable through
+# FLASHMSA_FUZZ_CASES, FLASHMSA_SOAK_STEPS, FLASHMSA_REPEATS, FLASHMSA_FUZZ_SEED). Environment: GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases,
 # SANITIZE_FILTER the tests run under the sanitizers (default: all but the long-row indexer test,
 # which takes minutes under memcheck).
-sanitize=0 quick=0 bench=0 python=0
+sanitize=0 quick=0 bench=0 python=0 reliability=0
 for arg in "$@"; do
   case $arg in
     --sanitize) sanitize=1 ;;
     --quick) quick=1 ;;
     --bench) bench=1 ;;
     --python) python=1 ;;
-    *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --python, --bench)"; exit 2 ;;
+    --reliability) reliability=1 ;;
+    *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --python, --bench," \
+            "--reliability)"; exit 2 ;;
   esac
 done
 logs=${OUT:-$root/build-gpu/logs}
@@ -65,6 +69,12 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
   fi
 }
 run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
+if [ $reliability = 1 ]; then
+  run reliability env FLASHMSA_FUZZ_CASES="${FLASHMSA_FUZZ_CASES:-10000}" \
+    FLASHMSA_SOAK_STEPS="${FLASHMSA_SOAK_STEPS:-100000}" FLASHMSA_REPEATS="${FLASHMSA_REPEATS:-100}" \
+    build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter='GpuReliability.*'
+  grep -E "^(differential|soak):" "$logs/reliability.log" || true
+fi
 if [ $quick = 0 ]; then
   run cpu_tests build-gpu/tests/cpp/flashmsa_tests
   run cli_tests build-gpu/tests/cpp/flashmsa_cli_tests

@@ -13,49 +13,15 @@
 #include "tests/cpp/attention_checks.hpp"
 #include "tests/cpp/error_message.hpp"
 #include "tests/cpp/gpu/device_scenario.hpp"
+#include "tests/cpp/gpu/gpu_runners.hpp"
 
 namespace flashmsa {
 namespace {
 
 using test::AttentionCall;
+using test::kGpuBf16P;
+using test::kGpuFp16P;
 using test::Scenario;
-
-// Mirrors every view of the call to the device (with a poisoned workspace), runs it there and
-// copies everything back.
-void run_on_gpu(const AttentionCall& call) {
-  test::DeviceMirror m;
-  for (const TensorView* t :
-       {&call.q, &call.prefill.cu_seqlens_q, &call.prefill.seq_lens, &call.prefill.block_table,
-        &call.decode.seq_lens, &call.decode.block_table, &call.topk}) {
-    m.add(*t);
-  }
-  m.add(call.kv);
-  for (const auto& [p, n] : call.guarded) m.add(p, n);
-  m.add(call.out.out);
-  m.add(call.out.lse);
-  m.add(call.out.mxfp8_scales);
-  m.upload();
-  AttentionCall d = call;
-  auto on_device = [&](TensorView& t) {
-    if (t.data) t = m.device(t);
-  };
-  for (TensorView* t : {&d.q, &d.prefill.cu_seqlens_q, &d.prefill.seq_lens, &d.prefill.block_table,
-                        &d.decode.seq_lens, &d.decode.block_table, &d.topk, &d.out.out, &d.out.lse,
-                        &d.out.mxfp8_scales}) {
-    on_device(*t);
-  }
-  d.kv = m.device(call.kv);
-  const std::int64_t requests = call.prefill.seq_lens.shape[0];
-  test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(std::max<std::int64_t>(
-      1, attention_workspace_bytes(call.config, call.q.shape[0], requests))));
-  d.out.workspace = test::workspace_view(workspace);
-  test::run_attention_call(d);
-  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
-  m.download();
-}
-
-const test::AttentionBackend kGpuBf16P{run_on_gpu, DType::kBf16};
-const test::AttentionBackend kGpuFp16P{run_on_gpu, DType::kFp16};
 
 // The MMA type: fp16 for fp16 caches (bf16 q converted), else bf16 (the tests' q is bf16).
 const test::AttentionBackend& gpu_for(const test::AttnCase& c) {

@@ -12,91 +12,22 @@
 #include "flashmsa/error.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/gpu/device_scenario.hpp"
+#include "tests/cpp/gpu/gpu_runners.hpp"
 #include "tests/cpp/index_checks.hpp"
 
 namespace flashmsa {
 namespace {
 
 using test::DeviceScenario;
+using test::GpuIndexOutputs;
 using test::IndexRun;
+using test::run_gpu_indexer;
 using test::Scenario;
-
-constexpr std::int64_t kCanary = 64;  // poisoned elements before and after every output
-constexpr std::uint32_t kPoison = 0xA5A5A5A5u;
-
-// Device outputs with canaries, downloaded and checked after the run.
-struct GpuIndexOutputs {
-  std::int64_t topk_count, score_count, width;
-  TensorView topk_buffer, score_buffer, workspace;
-  IndexOutputs views;
-
-  GpuIndexOutputs(const Scenario& s, DeviceScenario& d) {
-    const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
-    const std::int64_t k = s.config.sparse_topk_blocks;
-    width = s.max_blocks + 2;
-    topk_count = hkv * s.num_rows * k;
-    score_count = hkv * s.num_rows * width;
-    topk_buffer = d.output(DType::kInt32, {topk_count + 2 * kCanary});
-    score_buffer = d.output(DType::kFp32, {score_count + 2 * kCanary});
-    const std::int64_t requests = static_cast<std::int64_t>(s.seq_lens.size());
-    workspace = d.output(DType::kUint8,
-                         {index_workspace_bytes(s.config, s.num_rows, requests, s.max_blocks)});
-    views.topk = TensorView::contiguous(topk_buffer.as<std::int32_t>() + kCanary, DType::kInt32,
-                                        {hkv, s.num_rows, k}, Device::kCuda);
-    views.block_scores = TensorView::contiguous(score_buffer.as<float>() + kCanary, DType::kFp32,
-                                                {hkv, s.num_rows, width}, Device::kCuda);
-    views.workspace = workspace;
-  }
-
-  IndexRun download() const {
-    const auto topk = test::download<std::int32_t>(topk_buffer.data, topk_count + 2 * kCanary);
-    const auto scores = test::download<float>(score_buffer.data, score_count + 2 * kCanary);
-    for (std::int64_t i = 0; i < kCanary; ++i) {
-      EXPECT_EQ(static_cast<std::uint32_t>(topk[i]), kPoison) << "topk canary before, " << i;
-      EXPECT_EQ(static_cast<std::uint32_t>(topk[kCanary + topk_count + i]), kPoison)
-          << "topk canary after, " << i;
-      std::uint32_t before, after;
-      std::memcpy(&before, &scores[i], 4);
-      std::memcpy(&after, &scores[kCanary + score_count + i], 4);
-      EXPECT_EQ(before, kPoison) << "block_scores canary before, " << i;
-      EXPECT_EQ(after, kPoison) << "block_scores canary after, " << i;
-    }
-    IndexRun run;
-    run.width = width;
-    run.topk.assign(topk.begin() + kCanary, topk.begin() + kCanary + topk_count);
-    run.scores.assign(scores.begin() + kCanary, scores.begin() + kCanary + score_count);
-    return run;
-  }
-};
-
-void launch(const Scenario& s, const DeviceScenario& d, const IndexOutputs& out,
-            const OpOptions& options = {}) {
-  if (s.decode_query_len) {
-    index_decode(s.config, d.index_q, d.index_cache, d.decode, out, options);
-  } else {
-    index_prefill(s.config, d.index_q, d.index_cache, d.prefill, out, options);
-  }
-}
-
-IndexRun run_gpu(const Scenario& s) {
-  DeviceScenario d(s);
-  GpuIndexOutputs out(s, d);
-  launch(s, d, out.views);
-  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
-  const auto index_before = test::download<std::byte>(
-      d.index_cache.k.data, static_cast<std::size_t>(IndexCacheView::buffer_bytes(
-                                d.index_cache.dtype, d.index_cache.num_pages, 128)));
-  IndexRun run = out.download();
-  // The caches are inputs: byte-identical to the host copy they came from.
-  EXPECT_EQ(std::memcmp(index_before.data(), s.cm->index_cache().k.data, index_before.size()), 0)
-      << "the index cache changed";
-  return run;
-}
 
 // The GPU run checked as the CPU tests check the CPU: properties, the oracle with its near-tie
 // rule, and agreement with the CPU backend except on those near-ties.
 void check_gpu(const Scenario& s, int max_near_ties = 2) {
-  const IndexRun gpu = run_gpu(s);
+  const IndexRun gpu = run_gpu_indexer(s);
   test::check_properties(s, gpu);
   const int near_ties = test::check_against_oracle(s, gpu);
   EXPECT_LE(near_ties, max_near_ties) << "near-ties among " << s.num_rows * 4 << " selections";
@@ -164,7 +95,7 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
   set_index_block(s, 0, 3, 0.0f);
   set_index_block(s, 0, 4, -0.0f);
   set_index_block(s, 0, 5, 0.0f);
-  const IndexRun run = run_gpu(s);
+  const IndexRun run = run_gpu_indexer(s);
   test::check_properties(s, run);
   test::check_against_oracle(s, run);
   EXPECT_EQ(run.topk, test::run_cpu_indexer(s).topk);
@@ -173,7 +104,7 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
 TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   const test::Scenario s = test::make_tied_scenario(40);
-  const IndexRun run = run_gpu(s);
+  const IndexRun run = run_gpu_indexer(s);
   for (std::int64_t h = 0; h < 4; ++h) {
     const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
     EXPECT_EQ(ids, (std::vector<std::int32_t>{40, 0, 1, 2})) << "local first, then ties by id";
@@ -183,7 +114,7 @@ TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
 TEST(IndexerGpuDeterminism, TwoRunsAreBitIdentical) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   const Scenario s = test::make_prefill(Config{}, {{3000, 300}, {0, 700}}, 12);
-  const IndexRun a = run_gpu(s), b = run_gpu(s);
+  const IndexRun a = run_gpu_indexer(s), b = run_gpu_indexer(s);
   EXPECT_EQ(a.topk, b.topk);
   EXPECT_EQ(std::memcmp(a.scores.data(), b.scores.data(), a.scores.size() * 4), 0);
 }
@@ -196,7 +127,7 @@ TEST(IndexerGpuGraph, ReplaysAfterTheBatchChangesInPlace) {
   DeviceScenario d(s);
   GpuIndexOutputs out(s, d);
   const test::CapturedGraph graph(
-      [&](cudaStream_t stream) { launch(s, d, out.views, {.stream = stream}); });
+      [&](cudaStream_t stream) { test::launch_indexer(s, d, out.views, {.stream = stream}); });
 
   auto replay_and_check = [&](const char* what) {
     SCOPED_TRACE(what);
@@ -225,7 +156,7 @@ TEST(IndexerGpuErrors, WorkspaceAndCheckedMode) {
   IndexOutputs small = out.views;
   small.workspace.shape[0] = 16;
   try {
-    launch(s, d, small);
+    test::launch_indexer(s, d, small);
     FAIL() << "a small workspace was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("workspace must be"), std::string::npos) << e.what();
@@ -235,13 +166,13 @@ TEST(IndexerGpuErrors, WorkspaceAndCheckedMode) {
   FLASHMSA_CHECK_CUDA(cudaMemcpy(static_cast<std::int32_t*>(d.prefill.block_table.data) + 1, &bad,
                                  4, cudaMemcpyHostToDevice));
   try {
-    launch(s, d, out.views, {.checked = true});
+    test::launch_indexer(s, d, out.views, {.checked = true});
     FAIL() << "the checked mode missed a bad block table entry";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("batch.block_table[0][1]"), std::string::npos) << e.what();
   }
   // Unchecked, the same batch runs without touching memory outside the caches.
-  launch(s, d, out.views);
+  test::launch_indexer(s, d, out.views);
   FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
 }
 
