@@ -53,18 +53,6 @@ struct AttnRun {
 
 enum class Kind { kSparse, kDense };
 
-AttentionCall base_call(const Scenario& s, Kind kind) {
-  AttentionCall call;
-  call.op = kind == Kind::kDense ? AttentionCall::Op::kDense
-            : s.decode_query_len ? AttentionCall::Op::kDecode
-                                 : AttentionCall::Op::kPrefill;
-  call.config = s.config;
-  call.q = s.q_view();
-  call.kv = s.kv();
-  call.prefill = s.prefill_batch();
-  if (s.decode_query_len) call.decode = s.decode_batch();
-  return call;
-}
 
 AttnRun run_attention(const Scenario& s, Kind kind, const std::vector<std::int32_t>* topk,
                       std::int64_t topk_width, DType out_dtype, const AttentionRunner& runner,
@@ -73,7 +61,7 @@ AttnRun run_attention(const Scenario& s, Kind kind, const std::vector<std::int32
   const std::int64_t T = s.num_rows, hq = h.num_attention_heads, d = s.config.head_dim;
   Guarded out(T * hq * d * (dtype_bits(out_dtype) / 8), 0xFF);
   Guarded lse(T * hq * 4);
-  AttentionCall call = base_call(s, kind);
+  AttentionCall call = scenario_call(s, kind == Kind::kDense);
   call.out.out = TensorView::contiguous(out.data(), out_dtype, {T, hq, d});
   call.out.lse = TensorView::contiguous(lse.data(), DType::kFp32, {T, hq});
   call.guarded = {out.span(), lse.span()};
@@ -182,6 +170,19 @@ const std::vector<RequestShape> kGrid{{0, 1},    {0, 127},  {0, 129}, {100, 157}
                                       {1900, 3}, {2040, 9}, {4000, 5}};
 
 }  // namespace
+
+AttentionCall scenario_call(const Scenario& s, bool dense) {
+  AttentionCall call;
+  call.op = dense                ? AttentionCall::Op::kDense
+            : s.decode_query_len ? AttentionCall::Op::kDecode
+                                 : AttentionCall::Op::kPrefill;
+  call.config = s.config;
+  call.q = s.q_view();
+  call.kv = s.kv();
+  call.prefill = s.prefill_batch();
+  if (s.decode_query_len) call.decode = s.decode_batch();
+  return call;
+}
 
 std::vector<std::int32_t> indexer_topk(const Scenario& s) {
   const std::int64_t hkv = s.config.resolve_heads().num_key_value_heads;
@@ -333,7 +334,7 @@ void check_mxfp8_decode(const AttentionBackend& b) {
       for (auto layout : {fmt::ScaleLayout::kRowMajor, fmt::ScaleLayout::kSwizzled128x4}) {
         const std::int64_t scale_bytes = fmt::mxfp8_scale_buffer_size(T, scale_cols, layout);
         Guarded codes(T * cols, 0xAA), scales(scale_bytes, 0xAA);
-        AttentionCall call = base_call(s, Kind::kSparse);
+        AttentionCall call = scenario_call(s);
         call.topk = TensorView::contiguous(const_cast<std::int32_t*>(topk.data()), DType::kInt32,
                                            {4, T, 16});
         call.out.out = TensorView::contiguous(codes.data(), DType::kFp8E4m3, {T, cols});

@@ -38,6 +38,10 @@ struct AttentionCall {
   std::vector<std::pair<void*, std::int64_t>> guarded;
 };
 
+// The call of a scenario's op (sparse prefill or decode as the scenario is, or dense), without
+// top-k lists or outputs.
+AttentionCall scenario_call(const Scenario& s, bool dense = false);
+
 // Runs the call; a GPU runner mirrors every view to the device, runs there and copies back.
 using AttentionRunner = std::function<void(const AttentionCall&)>;
 void run_attention_call(const AttentionCall& call);  // the views as given (CPU)

@@ -205,15 +205,7 @@ AttnOut run_attention(const Scenario& s, const std::vector<std::int32_t>& topk, 
   AttnOut r;
   r.out.assign(static_cast<std::size_t>(T * hq * d * dtype_bits(out_dtype) / 8), 0xA7);
   r.lse.assign(static_cast<std::size_t>(T * hq), 12345.0f);
-  AttentionCall call;
-  call.op = dense                ? AttentionCall::Op::kDense
-            : s.decode_query_len ? AttentionCall::Op::kDecode
-                                 : AttentionCall::Op::kPrefill;
-  call.config = s.config;
-  call.q = s.q_view();
-  call.kv = s.kv();
-  call.prefill = s.prefill_batch();
-  if (s.decode_query_len) call.decode = s.decode_batch();
+  AttentionCall call = test::scenario_call(s, dense);
   call.topk = TensorView::contiguous(const_cast<std::int32_t*>(topk.data()), DType::kInt32,
                                      {h.num_key_value_heads, T, width});
   call.out.out = TensorView::contiguous(r.out.data(), out_dtype, {T, hq, d});
