@@ -68,7 +68,11 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
     status=1
   fi
 }
-run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
+if [ $reliability = 1 ]; then  # the reliability tests run once, below, at their full size
+  run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter='-GpuReliability.*'
+else
+  run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
+fi
 if [ $reliability = 1 ]; then
   run reliability env FLASHMSA_FUZZ_CASES="${FLASHMSA_FUZZ_CASES:-10000}" \
     FLASHMSA_SOAK_STEPS="${FLASHMSA_SOAK_STEPS:-100000}" FLASHMSA_REPEATS="${FLASHMSA_REPEATS:-100}" \

@@ -285,6 +285,10 @@ TEST(GpuReliability, DifferentialAgainstTheCpuBackend) {
       test::check_attention_output(s, topk, k, f.out_dtype, g.out, g.lse, gpu.probabilities);
       ++oracle_checks;
     }
+    if ((i + 1) % 1000 == 0) {
+      std::printf("differential: %lld cases passed so far\n", static_cast<long long>(i + 1));
+      std::fflush(stdout);
+    }
   }
   // Near-ties are rare with random data: a selection bug would show as many.
   EXPECT_LE(differing, std::max<std::int64_t>(2, rows / 500)) << "selections differing";
