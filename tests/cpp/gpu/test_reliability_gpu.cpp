@@ -13,8 +13,12 @@
 // (the fp32 dot-product bound for 128 terms of N(0,1)-sized products, with margin); attention
 // outputs within 2^-6 (1 + max |cpu| of the row) per element (P rounded to bf16 before P V on the
 // GPU, 2^-8 relative, plus output rounding, with margin), the same non-finite elements, and
-// log-sum-exp within 1e-3 (1 + |cpu|). Every 100th case is also checked against the fp64 oracle
+// log-sum-exp within 1e-3 (1 + |cpu|). Every 500th case is also checked against the fp64 oracle
 // with the FlashAttention rule of attention_checks.hpp.
+//
+// Speed on the H200 (this version with an oracle check every 100th case): about 7.5 cases/s, so
+// 10^4 cases take about 22 minutes: run them as shards of one device call each (the 10-minute
+// limit), e.g. FLASHMSA_FUZZ_CASES=2500 with FLASHMSA_FUZZ_SEED=1..4.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -281,7 +285,7 @@ TEST(GpuReliability, DifferentialAgainstTheCpuBackend) {
     const AttnOut c = run_attention(s, topk, k, f.out_dtype, test::run_attention_call);
     compare_attention(s, g, c, f.out_dtype);
     if (::testing::Test::HasFailure()) return;
-    if (i % 100 == 0) {
+    if (i % 500 == 0) {  // the fp64 oracle costs seconds a case: a sample
       test::check_attention_output(s, topk, k, f.out_dtype, g.out, g.lse, gpu.probabilities);
       ++oracle_checks;
     }
