@@ -181,6 +181,30 @@ OpOptions op_options(bool checked, std::int64_t threads, std::int64_t stream = 0
   return o;
 }
 
+// Config's fields in declaration order, as Python sees them (repr, keyword construction).
+constexpr const char* kConfigFields[] = {"algorithm",
+                                         "sparse_num_index_heads",
+                                         "sparse_index_dim",
+                                         "sparse_block_size",
+                                         "sparse_topk_blocks",
+                                         "sparse_init_blocks",
+                                         "sparse_local_blocks",
+                                         "sparse_score_type",
+                                         "sparse_disable_index_value",
+                                         "indexer_kv_dtype",
+                                         "fuse_qkv_index_projection",
+                                         "num_attention_heads",
+                                         "num_key_value_heads",
+                                         "implementation",
+                                         "head_dim",
+                                         "kv_cache_dtype",
+                                         "index_cache_dtype",
+                                         "softmax_scale",
+                                         "rope_dim",
+                                         "rope_theta",
+                                         "rms_norm_eps",
+                                         "topk_order"};
+
 // Config's int fields (plain or optional) as properties whose setters name the field when a value
 // does not fit.
 template <auto Field>
@@ -237,7 +261,28 @@ NB_MODULE(_flashmsa, m) {
   nb::class_<Config>(m, "Config",
                      "One MiniMax-M3 sparse attention layer's configuration (MiniMax-M3 "
                      "defaults; TensorRT-LLM MiniMaxM3SparseAttentionConfig field names).")
-      .def(nb::init<>())
+      .def(
+          "__init__",
+          [](Config* self, nb::kwargs fields) {
+            new (self) Config();
+            // Each keyword goes through its property, so it is checked as an assignment is (the
+            // instance is constructed, so it may be used as one now).
+            nb::handle py = nb::find(self);
+            nb::inst_mark_ready(py);
+            for (auto [key, value] : fields) {
+              const std::string name = nb::cast<std::string>(key);
+              bool known = false;
+              for (const char* f : kConfigFields) known = known || name == f;
+              if (!known) {
+                throw nb::type_error(
+                    ("Config has no field '" + name + "'; its fields are listed in Config.FIELDS")
+                        .c_str());
+              }
+              nb::setattr(py, key, value);
+            }
+          },
+          "Config(**fields): MiniMax-M3's defaults with any field given by keyword, e.g. "
+          "Config(kv_cache_dtype='fp8_e4m3', sparse_topk_blocks=32).")
       .def_rw("algorithm", &Config::algorithm)
       .def_prop_rw("sparse_num_index_heads", int_getter<&Config::sparse_num_index_heads>(),
                    int_setter<&Config::sparse_num_index_heads>("sparse_num_index_heads"))
@@ -286,7 +331,44 @@ NB_MODULE(_flashmsa, m) {
                    int_setter<&Config::rope_dim>("rope_dim"))
       .def_rw("rope_theta", &Config::rope_theta)
       .def_rw("rms_norm_eps", &Config::rms_norm_eps)
-      .def_rw("topk_order", &Config::topk_order)
+      .def_prop_rw(
+          "topk_order", [](const Config& c) { return std::string(to_string(c.topk_order)); },
+          [](Config& c, nb::handle v) {  // a name or a TopkOrder, as dtypes take names
+            TopkOrder order;
+            if (nb::try_cast(v, order, false)) {
+              c.topk_order = order;
+              return;
+            }
+            std::string name;
+            const auto parsed =
+                nb::try_cast(v, name, false) ? parse_topk_order(name) : std::nullopt;
+            if (!parsed) {
+              value_error(
+                  "topk_order must be one of ascending, score_desc, local_last (or a "
+                  "TopkOrder), got " +
+                  std::string(nb::repr(v).c_str()));
+            }
+            c.topk_order = *parsed;
+          })
+      .def(
+          "for_tensor_parallel",
+          [](const Config& c, std::int64_t tp_size, std::int64_t rank) {
+            return c.for_tensor_parallel(int_arg(tp_size, "tp_size"), int_arg(rank, "rank"));
+          },
+          nb::arg("tp_size"), nb::arg("rank"),
+          "The layer as rank `rank` of `tp_size` serves it: q heads split evenly, kv and index "
+          "heads split when Hkv >= tp_size and replicated otherwise, the index-K head on every "
+          "rank. Returns a TensorParallelRank (config, first_q_head, first_kv_head, "
+          "first_index_head); ValueError names an impossible split.")
+      .def("__repr__",
+           [](nb::handle self) {
+             std::string out = "Config(";
+             for (const char* field : kConfigFields) {
+               out += std::string(out.size() > 7 ? ", " : "") + field + "=" +
+                      nb::repr(nb::getattr(self, field)).c_str();
+             }
+             return out + ")";
+           })
       .def(
           "validate",
           [](const Config& c) {
@@ -306,6 +388,26 @@ NB_MODULE(_flashmsa, m) {
             return unsupported_reason(c, *b);
           },
           nb::arg("backend"), "Why `backend` cannot serve this layer, or None.");
+
+  {
+    nb::list fields;
+    for (const char* f : kConfigFields) fields.append(f);
+    m.attr("Config").attr("FIELDS") = nb::tuple(fields);  // keyword construction, repr
+  }
+
+  nb::class_<TensorParallelRank>(m, "TensorParallelRank",
+                                 "What one tensor-parallel rank serves of a layer.")
+      .def_ro("config", &TensorParallelRank::config)
+      .def_ro("first_q_head", &TensorParallelRank::first_q_head)
+      .def_ro("first_kv_head", &TensorParallelRank::first_kv_head)
+      .def_ro("first_index_head", &TensorParallelRank::first_index_head)
+      .def("__repr__", [](const TensorParallelRank& r) {
+        return "TensorParallelRank(first_q_head=" + std::to_string(r.first_q_head) +
+               ", first_kv_head=" + std::to_string(r.first_kv_head) +
+               ", first_index_head=" + std::to_string(r.first_index_head) + ", config=<" +
+               std::to_string(r.config.resolve_heads().num_attention_heads) + " q heads, " +
+               std::to_string(r.config.resolve_heads().num_key_value_heads) + " kv heads>)";
+      });
 
   nb::class_<KvCacheView>(m, "KvCache", "A view of a paged main K/V cache.")
       .def_prop_ro("dtype", [](const KvCacheView& v) { return std::string(to_string(v.dtype)); })

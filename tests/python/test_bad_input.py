@@ -239,6 +239,15 @@ ERRORS = [
      r"rope_theta must be finite and > 0, got 0"),
     ("config.rms_norm_eps", lambda: check_config(rms_norm_eps=float("inf")), ValueError,
      r"rms_norm_eps must be finite and > 0, got inf"),
+    ("Config keyword that is no field", lambda: flashmsa.Config(sparse_topk=8), TypeError,
+     r"Config has no field 'sparse_topk'; its fields are listed in Config.FIELDS"),
+    ("config.topk_order name", lambda: config(topk_order="random"), ValueError,
+     r"topk_order must be one of ascending, score_desc, local_last \(or a TopkOrder\), got "
+     r"'random'"),
+    ("config.for_tensor_parallel rank out of range",
+     lambda: flashmsa.Config().for_tensor_parallel(8, 8), ValueError, r"rank"),
+    ("config.for_tensor_parallel uneven q heads",
+     lambda: flashmsa.Config().for_tensor_parallel(3, 0), ValueError, r"3"),
     ("config.unsupported_reason backend name", lambda: flashmsa.Config().unsupported_reason("tpu"),
      ValueError, r"backend must be 'cpu' or 'cuda_sm90', got 'tpu'"),
 

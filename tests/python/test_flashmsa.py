@@ -233,3 +233,22 @@ def test_mixed_devices_get_a_clear_error():
     k = torch.zeros((1, HKV, D), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(ValueError, match="k must be on cpu, got cuda"):
         flashmsa.insert_kv(cm.kv_cache, k, k, torch.zeros(1, dtype=torch.int64, device="cuda"))
+
+
+def test_config_keywords_repr_orders_and_tensor_parallel():
+    c = flashmsa.Config(kv_cache_dtype="fp8_e4m3", sparse_topk_blocks=32, topk_order="score_desc")
+    assert (c.kv_cache_dtype, c.sparse_topk_blocks, c.topk_order) == ("fp8_e4m3", 32, "score_desc")
+    c.topk_order = flashmsa.TopkOrder.local_last  # the enum works as well as its name
+    assert c.topk_order == "local_last"
+    # The repr names every field and evaluates back to an equal config.
+    text = repr(c)
+    assert text.startswith("Config(algorithm='minimax_m3', ") and "sparse_topk_blocks=32" in text
+    assert set(flashmsa.Config.FIELDS) == {f.split("=")[0] for f in text[7:-1].split(", ")}
+    again = eval(text, {"Config": flashmsa.Config})
+    assert repr(again) == text
+    # Tensor parallelism: MiniMax-M3 at TP 8 is 8 q heads and 1 kv head per rank.
+    rank = flashmsa.Config().for_tensor_parallel(8, 3)
+    assert (rank.first_q_head, rank.first_kv_head, rank.first_index_head) == (24, 1, 1)
+    assert (rank.config.num_attention_heads, rank.config.num_key_value_heads,
+            rank.config.sparse_num_index_heads) == (8, 1, 1)
+    rank.config.check()
