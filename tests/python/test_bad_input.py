@@ -245,9 +245,11 @@ ERRORS = [
      r"topk_order must be one of ascending, score_desc, local_last \(or a TopkOrder\), got "
      r"'random'"),
     ("config.for_tensor_parallel rank out of range",
-     lambda: flashmsa.Config().for_tensor_parallel(8, 8), ValueError, r"rank"),
+     lambda: flashmsa.Config().for_tensor_parallel(8, 8), ValueError,
+     r"rank must be in \[0, tp_size=8\), got 8"),
     ("config.for_tensor_parallel uneven q heads",
-     lambda: flashmsa.Config().for_tensor_parallel(3, 0), ValueError, r"3"),
+     lambda: flashmsa.Config().for_tensor_parallel(3, 0), ValueError,
+     r"tp_size must divide num_attention_heads \(64\) so q heads split evenly, got tp_size 3"),
     ("config.unsupported_reason backend name", lambda: flashmsa.Config().unsupported_reason("tpu"),
      ValueError, r"backend must be 'cpu' or 'cuda_sm90', got 'tpu'"),
 
