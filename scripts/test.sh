@@ -15,14 +15,26 @@ cmake -S . -B build -G Ninja ${FLASHMSA_CMAKE_ARGS:-} >build.configure.log 2>&1 
   { cat build.configure.log; exit 1; }
 grep '^-- FlashMSA' build.configure.log || true
 cmake --build build -j"$jobs"
-# Say why GPU tests will be skipped (CTest's summary does not show the reason).
+# Why GPU tests will be skipped (CTest's summary does not show the reason).
+skip_reason=""
 if [ -x build/tests/cpp/flashmsa_gpu_tests ]; then
-  build/tests/cpp/flashmsa_gpu_tests --gtest_filter='FormatsGpu.ApproximateReciprocalAsEmulated' 2>&1 |
-    grep -o "GPU test skipped: .*" | head -1 || true
+  skip_reason=$(build/tests/cpp/flashmsa_gpu_tests \
+    --gtest_filter='FormatsGpu.ApproximateReciprocalAsEmulated' 2>&1 |
+    grep -o "GPU test skipped: .*" | head -1 || true)
 fi
-ctest --test-dir build -j"$jobs" --output-on-failure
+# CTest, with the skipped tests summarised in one line instead of one line each.
+set +e
+ctest --test-dir build -j"$jobs" --output-on-failure 2>&1 | tee build/ctest.log |
+  grep -v -E '\*\*\*Skipped|\(Skipped\)|^The following tests did not run:'
+ctest_status=${PIPESTATUS[0]}
+set -e
+skipped=$(grep -c '\*\*\*Skipped' build/ctest.log || true)
+if [ "${skipped:-0}" -gt 0 ]; then
+  echo "test.sh: ${skipped} tests skipped: ${skip_reason:-see build/ctest.log}"
+fi
+[ "$ctest_status" -eq 0 ] || exit "$ctest_status"
 # The Python package (installed into .venv by scripts/setup.sh), on the CPU with numpy.
-.venv/bin/python -m pytest -q -rs tests/python
+.venv/bin/python -m pytest -q tests/python  # conftest.py prints one line per skip reason
 # The whole C++ CPU suite again under AddressSanitizer + UndefinedBehaviorSanitizer (host code,
 # CPU backend; any report fails the run). About 3 min to build and 6 to run on 2 cores.
 # FLASHMSA_SKIP_SANITIZERS=1 skips it (e.g. for a quick local iteration).

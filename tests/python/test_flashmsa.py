@@ -252,3 +252,12 @@ def test_config_keywords_repr_orders_and_tensor_parallel():
     assert (rank.config.num_attention_heads, rank.config.num_key_value_heads,
             rank.config.sparse_num_index_heads) == (8, 1, 1)
     rank.config.check()
+
+
+def test_readme_example_prefill_then_decode_runs():
+    """examples/prefill_then_decode.py is the README's Python example: it must keep running."""
+    import pathlib
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "prefill_then_decode.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "prefill: 300 tokens" in out and "equal to dense attention" in out
