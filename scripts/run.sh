@@ -4,7 +4,15 @@
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-scripts/setup.sh >&2
+# --help needs no build: the command's help text is this file (compiled into the binary too).
+for arg in "$@"; do
+  if [ "$arg" = --help ] || [ "$arg" = -h ]; then
+    cat tools/run_help.txt
+    exit 0
+  fi
+done
+# The main job needs the C++ build only, not the Python package.
+scripts/setup.sh --no-python-package >&2
 cmake -S . -B build -G Ninja ${FLASHMSA_CMAKE_ARGS:-} >build.configure.log 2>&1 ||
   { cat build.configure.log >&2; exit 1; }
 cmake --build build -j"$(nproc)" --target flashmsa_cli >&2

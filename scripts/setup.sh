@@ -8,9 +8,17 @@
 #   - CUTLASS/CuTe C++ headers from PyPI nvidia-cutlass (no deps) into .deps/cutlass;
 #     CMake finds them there (FLASHMSA_CUTLASS_DIR overrides).
 #   - a copy of Debian's GoogleTest sources in .deps/googletest, for the GPU machine.
+#   --no-python-package: skip building the Python package (scripts/run.sh needs only C++).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
+python_package=1
+for arg in "$@"; do
+  case $arg in
+    --no-python-package) python_package=0 ;;
+    *) echo "setup.sh: unknown option $arg (--no-python-package)" >&2; exit 2 ;;
+  esac
+done
 
 cutlass_version=4.2.0.0
 apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-pthread-dev)
@@ -45,7 +53,8 @@ fi
 package_want=$(find src include python tools CMakeLists.txt pyproject.toml -type f \
   -not -name '*.pyc' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)
 package_stamp=.venv/.flashmsa-package
-if [ ! -f "$package_stamp" ] || [ "$(cat "$package_stamp")" != "$package_want" ]; then
+if [ $python_package = 1 ] &&
+   { [ ! -f "$package_stamp" ] || [ "$(cat "$package_stamp")" != "$package_want" ]; }; then
   echo "setup: building and installing the flashmsa Python package (pip install .)"
   .venv/bin/python -m pip install -q --no-build-isolation --no-deps . >.venv/pip-install.log 2>&1 ||
     { tail -40 .venv/pip-install.log; exit 1; }

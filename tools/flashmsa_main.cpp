@@ -29,36 +29,14 @@ commands:
           and report per-phase time, throughput and fidelity against dense attention
   info    print the version, build options and the backends this machine can use
   help    print this text; `flashmsa <command> --help` explains a command
+
+`flashmsa --version` prints the version.
 )";
 
-constexpr const char* kRunHelp = R"(usage: flashmsa run [options]
+// `flashmsa run --help`: tools/run_help.txt, compiled in (scripts/run.sh --help prints the same
+// file without a build).
+#include "run_help.hpp"
 
-Simulates an engine serving one MiniMax-M3 sparse attention layer (64 q heads, 4 kv heads,
-d 128, top-k of 128-token blocks): creates the paged caches through the cache manager, admits a
-batch of requests, runs chunked prefill (producer -> indexer + top-k -> sparse attention) and
-then decode steps, exactly as an engine calls the library. A sample of rows is also run through
-dense attention to measure how much of the dense softmax mass the selected blocks hold.
-
-options (defaults in brackets):
-  --backend auto|cpu|cuda     where to run [auto: CUDA when usable, else CPU]
-  --workload needle|random|clustered
-                              needle: planted blocks that later queries ask for (reports the hit
-                              rate); clustered: keys around a few topics; random: i.i.d. keys,
-                              the worst case for sparsity [needle]
-  --requests N                requests in the batch [2]
-  --context N                 prompt tokens per request [8192]
-  --chunk N                   prefill chunk, tokens per request per step [4096]
-  --decode-steps N            decode steps after the prefill [8]
-  --spec-tokens N             speculative tokens per decode step, 0..15 [0]
-  --topk N                    blocks selected per (kv head, token), 1..64 [16]
-  --kv-dtype bf16|fp16|fp8_e4m3|fp8_e5m2|nvfp4        main cache dtype [bf16]
-  --index-dtype bf16|fp8_e4m3|nvfp4                   index cache dtype [bf16]
-  --topk-order ascending|score_desc|local_last        order of ids in a top-k row [ascending]
-  --seed N                    random seed [1]
-  --threads N                 CPU worker threads, 0 = one per core [0]
-  --json PATH                 also write the report as JSON
-  --quiet                     no report on stdout, no progress bar
-)";
 
 constexpr const char* kInfoHelp = R"(usage: flashmsa info
 
@@ -239,6 +217,10 @@ int main(int argc, char** argv) {
       }
       if (!rest.empty()) usage_error("info takes no options, got '" + rest[0] + "'");
       return info();
+    }
+    if (command == "--version" || command == "version") {
+      std::printf("flashmsa %s\n", version());
+      return 0;
     }
     if (command == "help" || command == "--help" || command == "-h") {
       std::fputs(kMainHelp, stdout);

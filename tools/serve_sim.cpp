@@ -466,7 +466,9 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
     const PhaseTimes& t = decode ? r.decode : r.prefill;
     const std::int64_t tokens = decode ? r.decode_tokens : r.prefill_tokens;
     const double secs = t.total();
-    std::fprintf(f, "%-8s %10lld %12.1f %12.1f %12.1f %12.0f %11.1f %11.2f\n",
+    // %.3g: three significant digits whatever the magnitude (prefill moves few bytes per second
+    // on a CPU, decode many on a GPU).
+    std::fprintf(f, "%-8s %10lld %12.1f %12.1f %12.1f %12.0f %11.3g %11.3g\n",
                  decode ? "decode" : "prefill", static_cast<long long>(tokens), 1e3 * t.producer,
                  1e3 * t.indexer, 1e3 * t.attention, per_second(static_cast<double>(tokens), secs),
                  per_second(decode ? r.decode_flops : r.prefill_flops, secs) / 1e9,
