@@ -30,6 +30,7 @@ from ._flashmsa import (  # noqa: F401
     IndexCache,
     attention_workspace_bytes,
     KvCache,
+    TensorParallelRank,
     TopkOrder,
     backends,
     build_batch_metadata,
@@ -77,6 +78,15 @@ insert_index_k = _with_cuda_defaults(_C.insert_index_k, [])
 produce_qkv_index = _with_cuda_defaults(_C.produce_qkv_index, [])
 
 __version__ = version()
+
+# What `from flashmsa import *` and help(flashmsa) show: every operation and class.
+__all__ = [
+    "CacheManager", "Config", "IndexCache", "KvCache", "TensorParallelRank", "TopkOrder",
+    "attention_workspace_bytes", "backends", "build_batch_metadata", "build_info",
+    "decode_workspace_bytes", "dense_attention", "index_cache_view", "index_decode",
+    "index_prefill", "index_workspace_bytes", "insert_index_k", "insert_kv", "kv_cache",
+    "produce_qkv_index", "sparse_attention_decode", "sparse_attention_prefill", "version",
+]
 
 try:  # torch custom ops (torch.ops.flashmsa.*), when torch is importable
     import torch as _torch  # noqa: F401

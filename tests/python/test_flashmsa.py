@@ -210,8 +210,18 @@ def test_caller_owned_cache_arrays_are_used_in_place():
 def test_python_m_flashmsa_prints_version_and_backends():
     out = subprocess.run([sys.executable, "-m", "flashmsa"], capture_output=True, text=True,
                          check=True).stdout
-    assert out.startswith(f"flashmsa {flashmsa.__version__}")
+    assert out.startswith(f"flashmsa {flashmsa.__version__}\n")
+    assert out.count(flashmsa.__version__) == 1
     assert "backend cpu        available" in out
+
+
+def test_help_lists_every_operation_and_class():
+    import pydoc
+    text = pydoc.render_doc(flashmsa, renderer=pydoc.plaintext)
+    for name in flashmsa.__all__:
+        assert name in text, name
+    for name in ("index_prefill", "sparse_attention_decode", "CacheManager", "Config"):
+        assert getattr(flashmsa, name).__doc__, name
 
 
 def test_torch_cpu_tensors_through_dlpack():
@@ -261,3 +271,25 @@ def test_readme_example_prefill_then_decode_runs():
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                          check=True).stdout
     assert "prefill: 300 tokens" in out and "equal to dense attention" in out
+
+
+def test_type_stubs_are_current():
+    """python/flashmsa/_flashmsa.pyi (editors complete the API from it) is what nanobind's
+    stubgen writes for this build; regenerate it with
+    .venv/bin/python -m nanobind.stubgen -q -m flashmsa._flashmsa -o python/flashmsa/_flashmsa.pyi
+    """
+    import pathlib
+    import re
+    import tempfile
+    nanobind = pytest.importorskip("nanobind")
+    root = pathlib.Path(__file__).resolve().parents[2]
+    pinned = re.search(r"^nanobind==(\S+)", (root / "requirements-dev.txt").read_text(), re.M)
+    if not pinned or nanobind.__version__ != pinned.group(1):
+        pytest.skip(f"stubs are generated with nanobind {pinned.group(1) if pinned else '?'}, "
+                    f"this is {nanobind.__version__}")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = pathlib.Path(tmp) / "_flashmsa.pyi"
+        subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "flashmsa._flashmsa",
+                        "-o", str(out)], check=True)
+        assert out.read_text() == (root / "python" / "flashmsa" / "_flashmsa.pyi").read_text(), \
+            "python/flashmsa/_flashmsa.pyi is stale: regenerate it (see this test's docstring)"
