@@ -228,7 +228,13 @@ int main(int argc, char** argv) {
     }
     usage_error("unknown command '" + command + "': expected one of run, info, help");
   } catch (const flashmsa::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    // The message names what failed and why; FlashMSA's source location is for bug reports.
+    std::fprintf(stderr, "flashmsa: %s\n", e.message().c_str());
+    if (e.kind() == ErrorKind::kOutOfResources && command == "run") {
+      std::fprintf(stderr,
+                   "flashmsa: the caches hold --requests x --context tokens (plus decode "
+                   "steps): lower either\n");
+    }
     return e.kind() == ErrorKind::kInvalidArgument ? 2 : 1;
   }
 }

@@ -19,8 +19,10 @@ struct CacheManager::Buffer {
       cuda::device_memset(data, 0, size);
     } else {
       data = std::aligned_alloc(256, (size + 255) / 256 * 256);
-      FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, data != nullptr, "could not allocate ", size,
-                          " bytes of host memory for the caches");
+      FLASHMSA_CHECK_KIND(ErrorKind::kOutOfResources, data != nullptr,
+                          "could not allocate host memory for the caches: one pool needs ",
+                          static_cast<double>(size) / (1u << 30),
+                          " GiB; use fewer pages (CacheManagerOptions::num_pages)");
       std::memset(data, 0, size);
     }
   }
