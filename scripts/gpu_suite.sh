@@ -4,8 +4,8 @@
 # initcheck. Logs go to $OUT (the device tool's output folder) or build-gpu/logs.
 #
 # From the development machine (after scripts/setup.sh, which fills .deps/):
-#   device run, carry [".deps/googletest", ".deps/nanobind"] (and ".deps/cutlass" once kernels
-#   use it), command "scripts/gpu_suite.sh --sanitize"
+#   device run, carry [".deps/googletest", ".deps/nanobind", ".deps/include"] (and
+#   ".deps/cutlass" once kernels use it), command "scripts/gpu_suite.sh --sanitize"
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

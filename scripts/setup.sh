@@ -7,7 +7,8 @@
 #     project's own Python package (pip install .)
 #   - CUTLASS/CuTe C++ headers from PyPI nvidia-cutlass (no deps) into .deps/cutlass;
 #     CMake finds them there (FLASHMSA_CUTLASS_DIR overrides).
-#   - a copy of Debian's GoogleTest sources in .deps/googletest, for the GPU machine.
+#   - a copy of Debian's GoogleTest sources in .deps/googletest, and of the CLI11 and
+#     nlohmann/json headers in .deps/include, for the GPU machine (its image has neither).
 #   --no-python-package: skip building the Python package (scripts/run.sh needs only C++).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -21,7 +22,8 @@ for arg in "$@"; do
 done
 
 cutlass_version=4.2.0.0
-apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-pthread-dev)
+apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-pthread-dev libcli11-dev
+              nlohmann-json3-dev)
 
 missing=()
 for p in "${apt_packages[@]}"; do
@@ -66,6 +68,11 @@ fi
 if [ ! -f .deps/googletest/CMakeLists.txt ] && [ -f /usr/src/googletest/CMakeLists.txt ]; then
   mkdir -p .deps && cp -r /usr/src/googletest .deps/googletest
 fi
+for header_dir in CLI nlohmann; do
+  if [ ! -d ".deps/include/$header_dir" ] && [ -d "/usr/include/$header_dir" ]; then
+    mkdir -p .deps/include && cp -r "/usr/include/$header_dir" ".deps/include/$header_dir"
+  fi
+done
 nanobind_dir=$(.venv/bin/python -c "import nanobind, os; print(os.path.dirname(nanobind.__file__))")
 if ! cmp -s "$nanobind_dir/__init__.py" .deps/nanobind/__init__.py; then
   rm -rf .deps/nanobind && cp -r "$nanobind_dir" .deps/nanobind

@@ -2,13 +2,16 @@
 // reports speed and fidelity; `flashmsa info` says what this build can do.
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
 
 #include "flashmsa/flashmsa.hpp"
 #include "tools/serve_sim.hpp"
@@ -37,7 +40,6 @@ commands:
 // file without a build).
 #include "run_help.hpp"
 
-
 constexpr const char* kInfoHelp = R"(usage: flashmsa info
 
 Prints the FlashMSA version, how it was built, and for each backend whether it can run here.
@@ -49,90 +51,116 @@ Prints the FlashMSA version, how it was built, and for each backend whether it c
   std::exit(2);
 }
 
-std::int64_t parse_int(const std::string& option, const std::string& value, std::int64_t lo,
-                       std::int64_t hi) {
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(value.c_str(), &end, 10);
-  if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
-    usage_error(option + " must be an integer in [" + std::to_string(lo) + ", " +
-                std::to_string(hi) + "], got '" + value + "'");
-  }
-  return v;
+// ---- `flashmsa run` options, parsed by CLI11 with the project's own messages ----
+
+// An integer option in [lo, hi].
+template <class T>
+CLI::Option* int_option(CLI::App& app, const std::string& name, T& target, std::int64_t lo,
+                        std::int64_t hi) {
+  return app
+      .add_option_function<std::string>(
+          name,
+          [name, &target, lo, hi](const std::string& value) {
+            char* end = nullptr;
+            errno = 0;
+            const long long v = std::strtoll(value.c_str(), &end, 10);
+            if (value.empty() || *end != '\0' || errno != 0 || v < lo || v > hi) {
+              usage_error(name + " must be an integer in [" + std::to_string(lo) + ", " +
+                          std::to_string(hi) + "], got '" + value + "'");
+            }
+            target = static_cast<T>(v);
+          })
+      ->type_name("N");
 }
 
+// An option taking one of `choices`.
 template <class T>
-T parse_choice(const std::string& option, const std::string& value,
-               const std::vector<std::pair<std::string, T>>& choices) {
-  std::string accepted;
-  for (const auto& [name, v] : choices) {
-    if (name == value) return v;
-    accepted += (accepted.empty() ? "" : ", ") + name;
+CLI::Option* choice_option(CLI::App& app, const std::string& name, T& target,
+                           std::vector<std::pair<std::string, T>> choices) {
+  return app.add_option_function<std::string>(name, [name, &target, choices](const std::string& v) {
+    std::string accepted;
+    for (const auto& [choice, value] : choices) {
+      if (choice == v) {
+        target = value;
+        return;
+      }
+      accepted += (accepted.empty() ? "" : ", ") + choice;
+    }
+    usage_error(name + " must be one of " + accepted + ", got '" + v + "'");
+  });
+}
+
+// Checks an output path before the run starts: the system's reason if it cannot be written.
+void check_writable(const std::string& option, const std::string& path) {
+  if (path.empty()) return;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) {
+    std::fprintf(stderr, "flashmsa: cannot write %s %s: %s\n", option.c_str(), path.c_str(),
+                 std::strerror(errno));
+    std::exit(2);
   }
-  usage_error(option + " must be one of " + accepted + ", got '" + value + "'");
+  std::fclose(f);
 }
 
 RunOptions parse_run(const std::vector<std::string>& args) {
   RunOptions o;
-  for (std::size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    if (a == "--help" || a == "-h") {
-      std::fputs(kRunHelp, stdout);
-      std::exit(0);
-    }
-    if (a == "--quiet") {
-      o.quiet = true;
-      continue;
-    }
-    if (a.rfind("--", 0) != 0)
-      usage_error("unexpected argument '" + a + "' (see flashmsa run --help)");
-    if (i + 1 >= args.size()) usage_error(a + " needs a value (see flashmsa run --help)");
-    const std::string v = args[++i];
-    if (a == "--backend") {
-      o.backend =
-          parse_choice<std::string>(a, v, {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}});
-    } else if (a == "--workload") {
-      o.workload = parse_choice<Workload>(a, v,
-                                          {{"needle", Workload::kNeedle},
-                                           {"random", Workload::kRandom},
-                                           {"clustered", Workload::kClustered}});
-    } else if (a == "--requests") {
-      o.requests = static_cast<int>(parse_int(a, v, 1, 4096));
-    } else if (a == "--context") {
-      o.context = parse_int(a, v, 256, 1 << 24);
-    } else if (a == "--chunk") {
-      o.chunk = parse_int(a, v, 1, 1 << 24);
-    } else if (a == "--decode-steps") {
-      o.decode_steps = static_cast<int>(parse_int(a, v, 0, 1 << 20));
-    } else if (a == "--spec-tokens") {
-      o.spec_tokens = static_cast<int>(parse_int(a, v, 0, 15));
-    } else if (a == "--topk") {
-      o.topk = static_cast<int>(parse_int(a, v, 1, 64));
-    } else if (a == "--kv-dtype") {
-      o.kv_dtype = parse_choice<DType>(a, v,
-                                       {{"bf16", DType::kBf16},
-                                        {"fp16", DType::kFp16},
-                                        {"fp8_e4m3", DType::kFp8E4m3},
-                                        {"fp8_e5m2", DType::kFp8E5m2},
-                                        {"nvfp4", DType::kNvfp4}});
-    } else if (a == "--index-dtype") {
-      o.index_dtype = parse_choice<DType>(
-          a, v, {{"bf16", DType::kBf16}, {"fp8_e4m3", DType::kFp8E4m3}, {"nvfp4", DType::kNvfp4}});
-    } else if (a == "--topk-order") {
-      o.topk_order = parse_choice<TopkOrder>(a, v,
-                                             {{"ascending", TopkOrder::kAscending},
-                                              {"score_desc", TopkOrder::kScoreDesc},
-                                              {"local_last", TopkOrder::kLocalLast}});
-    } else if (a == "--seed") {
-      o.seed = static_cast<std::uint64_t>(parse_int(a, v, 0, INT64_MAX));
-    } else if (a == "--threads") {
-      o.threads = static_cast<int>(parse_int(a, v, 0, 4096));
-    } else if (a == "--json") {
-      o.json_path = v;
-    } else {
-      usage_error("unknown option '" + a + "' (see flashmsa run --help)");
-    }
+  CLI::App app("flashmsa run");
+  app.set_help_flag();  // --help prints tools/run_help.txt, below
+  bool help = false;
+  app.add_flag("-h,--help", help);
+  app.add_flag("--quiet", o.quiet);
+  choice_option<std::string>(app, "--backend", o.backend,
+                             {{"auto", "auto"}, {"cpu", "cpu"}, {"cuda", "cuda"}});
+  choice_option<Workload>(app, "--workload", o.workload,
+                          {{"needle", Workload::kNeedle},
+                           {"random", Workload::kRandom},
+                           {"clustered", Workload::kClustered}});
+  int_option(app, "--requests", o.requests, 1, 4096);
+  int_option(app, "--context", o.context, 256, 1 << 24);
+  int_option(app, "--chunk", o.chunk, 1, 1 << 24);
+  int_option(app, "--decode-steps", o.decode_steps, 0, 1 << 20);
+  int_option(app, "--spec-tokens", o.spec_tokens, 0, kMaxDecodeQueryLen - 1);
+  // The widest top-k any backend takes; the chosen backend's own limit is checked by the run
+  // (unsupported_reason), with its reason.
+  int_option(app, "--topk", o.topk, 1,
+             std::max(capabilities(Backend::kCpu).max_topk_blocks,
+                      capabilities(Backend::kCudaSm90).max_topk_blocks));
+  choice_option<DType>(app, "--kv-dtype", o.kv_dtype,
+                       {{"bf16", DType::kBf16},
+                        {"fp16", DType::kFp16},
+                        {"fp8_e4m3", DType::kFp8E4m3},
+                        {"fp8_e5m2", DType::kFp8E5m2},
+                        {"nvfp4", DType::kNvfp4}});
+  choice_option<DType>(
+      app, "--index-dtype", o.index_dtype,
+      {{"bf16", DType::kBf16}, {"fp8_e4m3", DType::kFp8E4m3}, {"nvfp4", DType::kNvfp4}});
+  choice_option<TopkOrder>(app, "--topk-order", o.topk_order,
+                           {{"ascending", TopkOrder::kAscending},
+                            {"score_desc", TopkOrder::kScoreDesc},
+                            {"local_last", TopkOrder::kLocalLast}});
+  int_option(app, "--seed", o.seed, 0, INT64_MAX);
+  int_option(app, "--threads", o.threads, 0, 4096);
+  app.add_option("--json", o.json_path);
+  app.allow_extras();                                             // reported below, by name
+  std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 pops from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ArgumentMismatch& e) {  // "--context: ..." when its value is missing
+    const std::string what = e.what();
+    usage_error(what.substr(0, what.find(':')) + " needs a value (see flashmsa run --help)");
+  } catch (const CLI::ParseError& e) {
+    usage_error(std::string(e.what()) + " (see flashmsa run --help)");
   }
+  if (!app.remaining().empty()) {
+    const std::string a = app.remaining().front();  // remaining() returns a copy
+    usage_error((a.rfind("-", 0) == 0 ? "unknown option '" : "unexpected argument '") + a +
+                "' (see flashmsa run --help)");
+  }
+  if (help) {
+    std::fputs(kRunHelp, stdout);
+    std::exit(0);
+  }
+  check_writable("--json", o.json_path);
   return o;
 }
 

@@ -1,5 +1,7 @@
 #include "tools/serve_sim.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -492,39 +494,51 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
 }
 
 std::string report_json(const Report& r, const RunOptions& o) {
-  std::ostringstream j;
-  auto phase = [&](const char* name, const PhaseTimes& t, std::int64_t tokens, double flops,
-                   double bytes) {
-    j << "  \"" << name << "\": {\"tokens\": " << tokens << ", \"producer_s\": " << t.producer
-      << ", \"indexer_s\": " << t.indexer << ", \"topk_s\": 0, \"topk_fused_into_indexer\": true"
-      << ", \"attention_s\": " << t.attention << ", \"total_s\": " << t.total()
-      << ", \"tokens_per_s\": " << per_second(static_cast<double>(tokens), t.total())
-      << ", \"flops\": " << flops << ", \"flop_per_s\": " << per_second(flops, t.total())
-      << ", \"bytes\": " << bytes << ", \"bytes_per_s\": " << per_second(bytes, t.total())
-      << "},\n";
+  using Json = nlohmann::ordered_json;
+  // JSON has no NaN or Inf: a figure that is not a number is null.
+  auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+  auto phase = [&](const PhaseTimes& t, std::int64_t tokens, double flops, double bytes) {
+    return Json{{"tokens", tokens},
+                {"producer_s", number(t.producer)},
+                {"indexer_s", number(t.indexer)},
+                {"topk_s", 0},
+                {"topk_fused_into_indexer", true},
+                {"attention_s", number(t.attention)},
+                {"total_s", number(t.total())},
+                {"tokens_per_s", number(per_second(static_cast<double>(tokens), t.total()))},
+                {"flops", number(flops)},
+                {"flop_per_s", number(per_second(flops, t.total()))},
+                {"bytes", number(bytes)},
+                {"bytes_per_s", number(per_second(bytes, t.total()))}};
   };
-  j << "{\n  \"flashmsa_version\": \"" << version() << "\",\n  \"backend\": \"" << r.backend
-    << "\",\n  \"device\": \"" << r.device << "\",\n  \"workload\": \"" << to_string(o.workload)
-    << "\",\n  \"requests\": " << o.requests << ",\n  \"context\": " << o.context
-    << ",\n  \"chunk\": " << o.chunk << ",\n  \"decode_steps\": " << o.decode_steps
-    << ",\n  \"decode_query_len\": " << 1 + o.spec_tokens
-    << ",\n  \"num_attention_heads\": 64,\n  \"num_key_value_heads\": 4,\n  \"head_dim\": 128"
-    << ",\n  \"topk\": " << r.config.sparse_topk_blocks << ",\n  \"kv_dtype\": \""
-    << to_string(r.config.kv_cache_dtype) << "\",\n  \"index_dtype\": \""
-    << to_string(r.config.index_cache_dtype) << "\",\n  \"topk_order\": \""
-    << to_string(r.config.topk_order) << "\",\n  \"seed\": " << o.seed << ",\n";
-  phase("prefill", r.prefill, r.prefill_tokens, r.prefill_flops, r.prefill_bytes);
-  phase("decode", r.decode, r.decode_tokens, r.decode_flops, r.decode_bytes);
-  j << "  \"fidelity\": {\"sampled_rows\": " << r.sampled_rows
-    << ", \"needle_queries\": " << r.needle_queries << ", \"needle_hit_rate\": ";
-  if (r.needle_hit_rate >= 0) {
-    j << r.needle_hit_rate;
-  } else {
-    j << "null";
-  }
-  j << ", \"recall_mean\": " << r.recall_mean << ", \"recall_p5\": " << r.recall_p5
-    << ", \"relative_error_mean\": " << r.relative_error_mean << "}\n}\n";
-  return j.str();
+  const Json j{
+      {"flashmsa_version", version()},
+      {"backend", r.backend},
+      {"device", r.device},
+      {"workload", std::string(to_string(o.workload))},
+      {"requests", o.requests},
+      {"context", o.context},
+      {"chunk", o.chunk},
+      {"decode_steps", o.decode_steps},
+      {"decode_query_len", 1 + o.spec_tokens},
+      {"num_attention_heads", 64},
+      {"num_key_value_heads", 4},
+      {"head_dim", 128},
+      {"topk", r.config.sparse_topk_blocks},
+      {"kv_dtype", std::string(to_string(r.config.kv_cache_dtype))},
+      {"index_dtype", std::string(to_string(r.config.index_cache_dtype))},
+      {"topk_order", std::string(to_string(r.config.topk_order))},
+      {"seed", o.seed},
+      {"prefill", phase(r.prefill, r.prefill_tokens, r.prefill_flops, r.prefill_bytes)},
+      {"decode", phase(r.decode, r.decode_tokens, r.decode_flops, r.decode_bytes)},
+      {"fidelity",
+       {{"sampled_rows", r.sampled_rows},
+        {"needle_queries", r.needle_queries},
+        {"needle_hit_rate", r.needle_hit_rate >= 0 ? number(r.needle_hit_rate) : Json(nullptr)},
+        {"recall_mean", number(r.recall_mean)},
+        {"recall_p5", number(r.recall_p5)},
+        {"relative_error_mean", number(r.relative_error_mean)}}}};
+  return j.dump(2) + "\n";
 }
 
 }  // namespace flashmsa::tools

@@ -5,7 +5,13 @@
 #include <sys/wait.h>
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "flashmsa/version.hpp"
 
 #include "tools/serve_sim.hpp"
 
@@ -47,12 +53,15 @@ TEST(Cli, EasyNeedleIsAlwaysFound) {
   EXPECT_GT(r.needle_queries, 0);
   EXPECT_EQ(r.needle_hit_rate, 1.0);
   EXPECT_GT(r.recall_mean, 0.5);
-  const std::string json = tools::report_json(r, o);
-  for (const char* field :
-       {"\"needle_hit_rate\": 1", "\"workload\": \"needle\"", "\"prefill\": {\"tokens\": 3072",
-        "\"decode_query_len\": 2", "\"recall_p5\"", "\"producer_s\"", "\"bytes_per_s\""}) {
-    EXPECT_NE(json.find(field), std::string::npos) << field << "\n" << json;
+  const auto json = nlohmann::json::parse(tools::report_json(r, o));  // it must parse
+  EXPECT_EQ(json["fidelity"]["needle_hit_rate"], 1.0);
+  EXPECT_EQ(json["workload"], "needle");
+  EXPECT_EQ(json["prefill"]["tokens"], 3072);
+  EXPECT_EQ(json["decode_query_len"], 2);
+  for (const char* field : {"producer_s", "bytes_per_s", "flop_per_s", "total_s"}) {
+    EXPECT_TRUE(json["prefill"][field].is_number()) << field;
   }
+  EXPECT_TRUE(json["fidelity"]["recall_p5"].is_number());
 }
 
 TEST(Cli, FullCoverageRecallsAllMass) {
@@ -72,7 +81,8 @@ TEST(Cli, FullCoverageRecallsAllMass) {
       EXPECT_LE(r.relative_error_mean, 1.0 / 512);
     }
     EXPECT_EQ(r.needle_hit_rate, -1);
-    EXPECT_NE(tools::report_json(r, o).find("\"needle_hit_rate\": null"), std::string::npos);
+    EXPECT_TRUE(
+        nlohmann::json::parse(tools::report_json(r, o))["fidelity"]["needle_hit_rate"].is_null());
   }
 }
 
@@ -110,6 +120,15 @@ TEST(Cli, ArgumentErrorsNameTheOptionAndExitTwo) {
       {"run --spec-tokens 16", "flashmsa: --spec-tokens must be an integer in [0, 15], got '16'\n"},
       {"run --context", "flashmsa: --context needs a value (see flashmsa run --help)\n"},
       {"run --bogus 1", "flashmsa: unknown option '--bogus' (see flashmsa run --help)\n"},
+      {"run --bogus", "flashmsa: unknown option '--bogus' (see flashmsa run --help)\n"},
+      {"run --requests 2 stray",
+       "flashmsa: unexpected argument 'stray' (see flashmsa run --help)\n"},
+      {"run --kv-dtype=fp4",
+       "flashmsa: --kv-dtype must be one of bf16, fp16, fp8_e4m3, "
+       "fp8_e5m2, nvfp4, got 'fp4'\n"},
+      {"run --topk=0", "flashmsa: --topk must be an integer in [1, 1024], got '0'\n"},
+      {"run --json /nonexistent-dir/report.json",
+       "flashmsa: cannot write --json /nonexistent-dir/report.json: No such file or directory\n"},
       {"serve", "flashmsa: unknown command 'serve': expected one of run, info, help\n"},
   };
   for (const auto& [args, message] : cases) {
@@ -123,7 +142,25 @@ TEST(Cli, HelpAndInfo) {
   Result r = run_cli("run --help");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("usage: flashmsa run"), std::string::npos);
-  EXPECT_NE(r.output.find("--spec-tokens"), std::string::npos);
+  // The text scripts/run.sh prints without a build is the binary's own, and names every option
+  // with its range or choices and its default.
+  std::ifstream help_file(std::string(FLASHMSA_SOURCE_DIR) + "/tools/run_help.txt");
+  const std::string help_text((std::istreambuf_iterator<char>(help_file)),
+                              std::istreambuf_iterator<char>());
+  EXPECT_EQ(r.output, help_text);
+  for (const char* option :
+       {"--backend", "--workload", "--requests", "--context", "--chunk", "--decode-steps",
+        "--spec-tokens", "--topk", "--kv-dtype", "--index-dtype", "--topk-order", "--seed",
+        "--threads", "--json", "--quiet"}) {
+    const auto at = r.output.find(std::string("\n  ") + option + " ");
+    ASSERT_NE(at, std::string::npos) << option;
+    const std::string line = r.output.substr(at + 1, r.output.find('\n', at + 1) - at - 1);
+    if (std::string(option) != "--json" && std::string(option) != "--quiet" &&
+        std::string(option) != "--workload" && std::string(option) != "--topk") {
+      EXPECT_NE(line.find('['), std::string::npos) << "no default on: " << line;
+    }
+  }
+  EXPECT_EQ(run_cli("--version").output, std::string("flashmsa ") + version() + "\n");
   r = run_cli("");
   EXPECT_EQ(r.code, 0);
   EXPECT_NE(r.output.find("commands:"), std::string::npos);
