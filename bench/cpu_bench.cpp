@@ -13,6 +13,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "flashmsa/flashmsa.hpp"
 
 #if FLASHMSA_WITH_CBLAS
@@ -208,19 +210,25 @@ int main(int argc, char** argv) {
                 r.attn_gflops, 100 * r.attn_fraction, r.distinct_pages_per_64);
   }
   if (!json.empty()) {
-    std::ofstream f(json);
-    f << "{\n  \"threads\": " << std::thread::hardware_concurrency()
-      << ",\n  \"gemm_ceiling_gflops\": " << ceiling << ",\n  \"cases\": [";
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const Result& r = results[i];
-      f << (i ? "," : "") << "\n    {\"selection\": \"" << r.selection
-        << "\", \"tokens\": " << r.tokens << ", \"index_seconds\": " << r.index_s
-        << ", \"index_gflops\": " << r.index_gflops << ", \"attention_seconds\": " << r.attn_s
-        << ", \"attention_gflops\": " << r.attn_gflops
-        << ", \"attention_vs_gemm\": " << r.attn_fraction
-        << ", \"distinct_pages_per_64_rows\": " << r.distinct_pages_per_64 << "}";
+    using Json = nlohmann::ordered_json;
+    auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
+    Json cases = Json::array();
+    for (const Result& r : results) {
+      cases.push_back({{"selection", r.selection},
+                       {"tokens", r.tokens},
+                       {"index_seconds", number(r.index_s)},
+                       {"index_gflops", number(r.index_gflops)},
+                       {"attention_seconds", number(r.attn_s)},
+                       {"attention_gflops", number(r.attn_gflops)},
+                       {"attention_vs_gemm", number(r.attn_fraction)},
+                       {"distinct_pages_per_64_rows", number(r.distinct_pages_per_64)}});
     }
-    f << "\n  ]\n}\n";
+    std::ofstream f(json);
+    f << Json{{"threads", std::thread::hardware_concurrency()},
+              {"gemm_ceiling_gflops", number(ceiling)},
+              {"cases", cases}}
+             .dump(2)
+      << "\n";
   }
   return 0;
 }

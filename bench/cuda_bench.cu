@@ -21,6 +21,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "flashmsa/flashmsa.hpp"
 #include "src/cuda/cuda_ops.hpp"  // index_decode_phases: scoring timed apart from top-k
 
@@ -830,19 +832,6 @@ void prefill_end_to_end() {
 
 // The production prefill case set (bench/data): every case, and the weighted aggregate of the
 // `representative` ones (weighted mean time and useful TFLOP/s, README of the data).
-std::vector<std::int64_t> json_ints(const std::string& line, const std::string& key) {
-  std::vector<std::int64_t> v;
-  const std::size_t at = line.find("\"" + key + "\":[");
-  if (at == std::string::npos) return v;
-  std::size_t i = at + key.size() + 4;
-  while (i < line.size() && line[i] != ']') {
-    std::size_t used = 0;
-    v.push_back(std::stoll(line.substr(i), &used));
-    i += used;
-    if (line[i] == ',') ++i;
-  }
-  return v;
-}
 
 // Production-weighted sums of one way of running the set (bench/data/README.md: weighted mean
 // time = sum(w t) / sum(w); useful TFLOP/s = sum(w flops) / sum(w t)).
@@ -876,13 +865,14 @@ void production_cases(const std::string& path) {
   int n = 0;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
-    const auto query = json_ints(line, "query_lens"), prefix = json_ints(line, "prefix_lens");
-    const std::size_t id_at = line.find("\"case_id\":\"") + 11;
-    const std::string id = line.substr(id_at, line.find('"', id_at) - id_at);
-    const std::size_t w_at = line.find("\"representative_weight\":") + 24;
-    const double weight = line.compare(w_at, 4, "null") == 0 ? 0 : std::stod(line.substr(w_at));
+    const nlohmann::json entry = nlohmann::json::parse(line);
+    const auto query = entry.at("query_lens").get<std::vector<std::int64_t>>();
+    const auto prefix = entry.at("prefix_lens").get<std::vector<std::int64_t>>();
+    const std::string id = entry.at("case_id").get<std::string>();
+    const nlohmann::json& w = entry.at("representative_weight");
+    const double weight = w.is_null() ? 0.0 : w.get<double>();
     // The data set's own convention: 2 * 128 * 128 per (query token, complete visible page).
-    const double upstream_flops = std::stod(line.substr(line.find("\"useful_flops\":") + 15));
+    const double upstream_flops = entry.at("useful_flops").get<double>();
     const std::string name =
         "case " + id + (weight > 0 ? " (w " + std::to_string(int(weight)) + ")" : "");
     const PrefillResult c = run_prefill(prefix, query, true, 3, 2);
@@ -904,36 +894,30 @@ void production_cases(const std::string& path) {
   dense.report_as(set + ", dense attention (ours)", true);
 }
 
-// A JSON number, or null for what JSON cannot hold (NaN, Inf).
-std::string json_number(double v, int decimals) {
-  if (!std::isfinite(v)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
-  return buf;
-}
-
+// The results as JSON (names escaped, NaN and Inf as null: it always parses).
 void write_json(const char* path) {
-  FILE* f = std::fopen(path, "w");
-  if (!f) throw std::runtime_error(std::string("cannot write ") + path);
+  using Json = nlohmann::ordered_json;
+  auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, 0);
-  std::fprintf(f,
-               "{\n  \"device\": \"%s\",\n  \"hbm_read_tbps\": %s,\n  \"bf16_gemm_tflops\": "
-               "%s,\n  \"fp8_gemm_tflops\": %s,\n  \"cases\": [\n",
-               prop.name, json_number(g_hbm_tbps, 4).c_str(), json_number(g_gemm_tflops, 2).c_str(),
-               json_number(g_fp8_gemm_tflops, 2).c_str());
-  for (std::size_t i = 0; i < g_rows.size(); ++i) {
-    const Row& r = g_rows[i];
-    std::fprintf(
-        f,
-        "    {\"name\": \"%s\", \"value\": %s, \"unit\": \"%s\", \"fraction_of_ceiling\": %s, "
-        "\"median_us\": %s, \"cv\": %s}%s\n",
-        r.name.c_str(), json_number(r.value, 4).c_str(), r.unit.c_str(),
-        json_number(r.ceiling_fraction, 4).c_str(), json_number(r.time_us, 3).c_str(),
-        json_number(r.cv, 4).c_str(), i + 1 < g_rows.size() ? "," : "");
+  Json cases = Json::array();
+  for (const Row& r : g_rows) {
+    cases.push_back({{"name", r.name},
+                     {"value", number(r.value)},
+                     {"unit", r.unit},
+                     {"fraction_of_ceiling", number(r.ceiling_fraction)},
+                     {"median_us", number(r.time_us)},
+                     {"cv", number(r.cv)}});
   }
-  std::fprintf(f, "  ]\n}\n");
-  std::fclose(f);
+  std::ofstream f(path);
+  if (!f) throw std::runtime_error(std::string("cannot write ") + path);
+  f << Json{{"device", prop.name},
+            {"hbm_read_tbps", number(g_hbm_tbps)},
+            {"bf16_gemm_tflops", number(g_gemm_tflops)},
+            {"fp8_gemm_tflops", number(g_fp8_gemm_tflops)},
+            {"cases", cases}}
+           .dump(2)
+    << "\n";
 }
 
 }  // namespace
