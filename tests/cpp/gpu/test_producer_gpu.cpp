@@ -39,9 +39,10 @@ TEST_P(ProducerGpu, MatchesTheFp64OracleAndWritesOnlyItsRows) {
   test::check_producer_case(GetParam(), run_on_gpu);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CacheDtypes, ProducerGpu, ::testing::ValuesIn(test::producer_cases()),
-    [](const ::testing::TestParamInfo<test::ProducerCase>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(CacheDtypes, ProducerGpu, ::testing::ValuesIn(test::producer_cases()),
+                         [](const ::testing::TestParamInfo<test::ProducerCase>& p) {
+                           return p.param.name;
+                         });
 
 }  // namespace
 }  // namespace flashmsa
