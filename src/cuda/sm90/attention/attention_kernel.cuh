@@ -94,7 +94,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
   }
 }
 
-// v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
 // The normalisation of a row from its softmax sum l and max m (log2 units): 1 / l (times the
 // V scale) and the log2-sum-exp when l > 0; no key (l == 0): 0 (exact zeros, unless a NaN value
 // sat behind a zero weight) and -inf; a NaN l (a NaN or +Inf score): NaN and NaN (spec 5).
@@ -107,6 +106,7 @@ __device__ __forceinline__ OutputScale output_scale(float l, float m, float v_sc
   return {__int_as_float(0x7FC00000), __int_as_float(0x7FC00000)};
 }
 
+// v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
 __device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* src, float w) {
   const auto* src4 = reinterpret_cast<const float4*>(src);
 #pragma unroll
