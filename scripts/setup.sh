@@ -23,7 +23,7 @@ done
 
 cutlass_version=4.2.0.0
 apt_packages=(g++ cmake ninja-build libgtest-dev ccache libopenblas-pthread-dev libcli11-dev
-              nlohmann-json3-dev)
+              nlohmann-json3-dev clang-format)
 
 missing=()
 for p in "${apt_packages[@]}"; do

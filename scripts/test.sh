@@ -10,6 +10,9 @@ cd "$root"
 
 scripts/setup.sh
 jobs=$(nproc)
+# Formatting: every C++/CUDA file as .clang-format says (clang-format -i fixes it).
+git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror ||
+  { echo "test.sh: files above are not clang-formatted (run clang-format -i on them)"; exit 1; }
 # shellcheck disable=SC2086  # FLASHMSA_CMAKE_ARGS is a list of words
 cmake -S . -B build -G Ninja ${FLASHMSA_CMAKE_ARGS:-} >build.configure.log 2>&1 ||
   { cat build.configure.log; exit 1; }

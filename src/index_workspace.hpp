@@ -27,7 +27,8 @@ constexpr IndexWorkspaceLayout index_workspace_layout(std::int64_t num_rows,
                                                       std::int64_t max_blocks) {
   IndexWorkspaceLayout l;
   const std::int64_t row_bytes = std::max<std::int64_t>(1, index_heads * max_blocks * 4);
-  l.chunk_rows = std::min(num_rows, std::max(kIndexMinChunkRows, kIndexScoreBudgetBytes / row_bytes));
+  l.chunk_rows =
+      std::min(num_rows, std::max(kIndexMinChunkRows, kIndexScoreBudgetBytes / row_bytes));
   l.request_begin = 0;
   l.request_end = align_up(4 * num_requests, 256);
   l.tile_offset = l.request_end + align_up(4 * num_requests, 256);

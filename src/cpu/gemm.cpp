@@ -22,8 +22,8 @@ void use_single_threaded_blas() {
 }
 
 void sgemm(CBLAS_TRANSPOSE trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
-           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta,
-           float* c, std::int64_t ldc) {
+           const float* a, std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c,
+           std::int64_t ldc) {
   use_single_threaded_blas();
   cblas_sgemm(CblasRowMajor, CblasNoTrans, trans_b, static_cast<int>(m), static_cast<int>(n),
               static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta,

@@ -38,8 +38,7 @@ std::vector<std::byte> copy_to_host(const TensorView&, void*) {
   throw Error(ErrorKind::kUnsupported, "device tensor, but this build has no CUDA");
 }
 
-void insert_kv(const KvCacheView&, const TensorView&, const TensorView&, const TensorView&,
-               void*) {
+void insert_kv(const KvCacheView&, const TensorView&, const TensorView&, const TensorView&, void*) {
   throw Error(ErrorKind::kUnsupported, "insert_kv: CUDA tensors, but this build has no CUDA");
 }
 void insert_index_k(const IndexCacheView&, const TensorView&, const TensorView&, void*) {
@@ -48,7 +47,8 @@ void insert_index_k(const IndexCacheView&, const TensorView&, const TensorView&,
 
 void produce_qkv_index(const Config&, const ProducerInputs&, const KvCacheView&,
                        const IndexCacheView&, const ProducerOutputs&, void*) {
-  throw Error(ErrorKind::kUnsupported, "produce_qkv_index: CUDA tensors, but this build has no CUDA");
+  throw Error(ErrorKind::kUnsupported,
+              "produce_qkv_index: CUDA tensors, but this build has no CUDA");
 }
 void index_prefill(const Config&, const TensorView&, const IndexCacheView&, const PrefillBatch&,
                    const IndexOutputs&, void*) {

@@ -53,7 +53,6 @@ struct AttnRun {
 
 enum class Kind { kSparse, kDense };
 
-
 AttnRun run_attention(const Scenario& s, Kind kind, const std::vector<std::int32_t>* topk,
                       std::int64_t topk_width, DType out_dtype, const AttentionRunner& runner,
                       const OpOptions& options = {}) {

@@ -78,16 +78,15 @@ class Producer : public ::testing::TestWithParam<ProducerCase> {};
 }  // namespace
 
 std::vector<ProducerCase> producer_cases() {
-  return {ProducerCase{"bf16_packed", DType::kBf16, DType::kBf16, KvLayout::kPacked, 1,
-                                   1, false},
-                      ProducerCase{"fp16_separate_nvfp4_index", DType::kFp16, DType::kNvfp4,
-                                   KvLayout::kSeparate, 1, 1, false},
-                      ProducerCase{"e4m3_stacked_fp8_indexer", DType::kFp8E4m3, DType::kFp8E4m3,
-                                   KvLayout::kStacked, 0.25f, 2.0f, false},
-                      ProducerCase{"e5m2_token_major", DType::kFp8E5m2, DType::kBf16,
-                                   KvLayout::kTokenMajor, 0.5f, 1.0f, true},
-                      ProducerCase{"nvfp4_packed_own_index_slots", DType::kNvfp4, DType::kBf16,
-                                   KvLayout::kPacked, 1, 1, true}};
+  return {ProducerCase{"bf16_packed", DType::kBf16, DType::kBf16, KvLayout::kPacked, 1, 1, false},
+          ProducerCase{"fp16_separate_nvfp4_index", DType::kFp16, DType::kNvfp4,
+                       KvLayout::kSeparate, 1, 1, false},
+          ProducerCase{"e4m3_stacked_fp8_indexer", DType::kFp8E4m3, DType::kFp8E4m3,
+                       KvLayout::kStacked, 0.25f, 2.0f, false},
+          ProducerCase{"e5m2_token_major", DType::kFp8E5m2, DType::kBf16, KvLayout::kTokenMajor,
+                       0.5f, 1.0f, true},
+          ProducerCase{"nvfp4_packed_own_index_slots", DType::kNvfp4, DType::kBf16,
+                       KvLayout::kPacked, 1, 1, true}};
 }
 
 void check_producer_case(const ProducerCase& pc, const ProducerRunner& run) {

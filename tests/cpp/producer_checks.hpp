@@ -35,9 +35,8 @@ inline void PrintTo(const ProducerCase& c, std::ostream* os) {
 std::vector<ProducerCase> producer_cases();
 
 // Runs produce_qkv_index on host views; a GPU runner mirrors them to the device and back.
-using ProducerRunner =
-    std::function<void(const Config&, const ProducerInputs&, const KvCacheView&,
-                       const IndexCacheView&, const ProducerOutputs&)>;
+using ProducerRunner = std::function<void(const Config&, const ProducerInputs&, const KvCacheView&,
+                                          const IndexCacheView&, const ProducerOutputs&)>;
 
 // Scattered slots, a padding row and a slot beyond the capacity; checks every output element
 // against the oracle and every cache byte outside the write set against its old value.

@@ -20,7 +20,6 @@ using test::check_properties;
 using test::IndexRun;
 using test::Scenario;
 
-
 class Indexer : public ::testing::TestWithParam<test::IndexCase> {};
 
 // Prefill over the spec's edge grid of lengths (visible blocks 1, 15, 16, 17 included), ragged,
@@ -44,10 +43,10 @@ TEST_P(Indexer, DecodeMatchesOracleWithPaddingRows) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Configs, Indexer,
-    ::testing::ValuesIn(test::index_cases()),
-    [](const ::testing::TestParamInfo<test::IndexCase>& param_info) { return param_info.param.name; });
+INSTANTIATE_TEST_SUITE_P(Configs, Indexer, ::testing::ValuesIn(test::index_cases()),
+                         [](const ::testing::TestParamInfo<test::IndexCase>& param_info) {
+                           return param_info.param.name;
+                         });
 
 TEST(Indexer, PrefillAndDecodeComputeTheSameFunction) {
   const Config c;

@@ -18,16 +18,16 @@ using test::RandomCaches;
 class Producer : public ::testing::TestWithParam<test::ProducerCase> {};
 
 TEST_P(Producer, MatchesTheFp64OracleAndWritesOnlyItsRows) {
-  test::check_producer_case(GetParam(), [](const Config& c, const ProducerInputs& in,
-                                           const KvCacheView& kv, const IndexCacheView& ix,
-                                           const ProducerOutputs& out) {
-    produce_qkv_index(c, in, kv, ix, out);
-  });
+  test::check_producer_case(
+      GetParam(),
+      [](const Config& c, const ProducerInputs& in, const KvCacheView& kv, const IndexCacheView& ix,
+         const ProducerOutputs& out) { produce_qkv_index(c, in, kv, ix, out); });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    CacheDtypes, Producer, ::testing::ValuesIn(test::producer_cases()),
-    [](const ::testing::TestParamInfo<test::ProducerCase>& p) { return p.param.name; });
+INSTANTIATE_TEST_SUITE_P(CacheDtypes, Producer, ::testing::ValuesIn(test::producer_cases()),
+                         [](const ::testing::TestParamInfo<test::ProducerCase>& p) {
+                           return p.param.name;
+                         });
 
 TEST(Producer, RejectsMismatchedCachesAndOutputs) {
   Config c;

@@ -19,8 +19,8 @@ constexpr int kChunkElems = 8;
 // x[0..8) are elements [8 * part, 8 * part + 8) of the row at `row` (NVFP4 scales at
 // `scale_row`); fp8 stores x / scale.
 __device__ __forceinline__ void encode_cache_chunk(DType dtype, const float (&x)[kChunkElems],
-                                                   bool write, std::byte* row,
-                                                   std::byte* scale_row, int part, float scale) {
+                                                   bool write, std::byte* row, std::byte* scale_row,
+                                                   int part, float scale) {
   float amax = 0.0f;
   if (write) amax = fmt::nan_ignoring_amax(x, kChunkElems);
   const float other = __shfl_xor_sync(0xffffffffu, amax, 1);

@@ -19,17 +19,17 @@ constexpr int kThreadsPerBlock = 256;
 
 // One plane to write (K, V or index-K) and the activation rows that feed it.
 struct PlaneParams {
-  const void* src;          // [T, heads, dim] activations
-  std::int64_t src_stride_token, src_stride_head;  // elements
-  std::byte* dst;           // CachePlane::data
+  const void* src;                                      // [T, heads, dim] activations
+  std::int64_t src_stride_token, src_stride_head;       // elements
+  std::byte* dst;                                       // CachePlane::data
   std::int64_t page_stride, head_stride, token_stride;  // bytes
-  std::byte* scale_dst;     // NVFP4 scale plane, or null
+  std::byte* scale_dst;                                 // NVFP4 scale plane, or null
   std::int64_t scale_page_stride, scale_head_stride, scale_token_stride;
-  float scale;              // per-tensor fp8 scale: fp8 stores x / scale
+  float scale;  // per-tensor fp8 scale: fp8 stores x / scale
 };
 
 struct InsertParams {
-  PlaneParams planes[2];    // K and V (index-K: one plane)
+  PlaneParams planes[2];  // K and V (index-K: one plane)
   int num_planes;
   const std::int64_t* slots;  // [T]
   std::int64_t slot_stride;
@@ -57,14 +57,15 @@ __global__ void __launch_bounds__(kThreadsPerBlock) insert_kernel(const InsertPa
       token * pl.src_stride_token + head * pl.src_stride_head + part * kChunkElems;
   if (write) load_chunk(p.src_dtype, pl.src, src_base, x);
   const std::int64_t page = slot / p.page_size, offset = slot % p.page_size;
-  std::byte* dst = pl.dst + page * pl.page_stride + head * pl.head_stride + offset * pl.token_stride;
+  std::byte* dst =
+      pl.dst + page * pl.page_stride + head * pl.head_stride + offset * pl.token_stride;
   std::byte* scale_dst = pl.scale_dst + page * pl.scale_page_stride + head * pl.scale_head_stride +
                          offset * pl.scale_token_stride;
   encode_cache_chunk(p.cache_dtype, x, write, dst, scale_dst, part, pl.scale);
 }
 
-PlaneParams plane_params(const TensorView& src, const CachePlane& plane,
-                         const CachePlane& scales, float scale) {
+PlaneParams plane_params(const TensorView& src, const CachePlane& plane, const CachePlane& scales,
+                         float scale) {
   PlaneParams p{};
   p.src = src.data;
   p.src_stride_token = src.stride[0];

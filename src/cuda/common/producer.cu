@@ -66,12 +66,14 @@ __device__ float load_weight(const void* w, DType dtype, int i) {
                                : fmt::bf16_to_float(static_cast<const std::uint16_t*>(w)[i]);
 }
 
-__global__ void __launch_bounds__(kThreads) producer_kernel(const __grid_constant__ ProducerParams p) {
+__global__ void __launch_bounds__(kThreads)
+    producer_kernel(const __grid_constant__ ProducerParams p) {
   __shared__ float one_plus_w[4][kDim];
   __shared__ float cos_a[kMaxRopeHalf], sin_a[kMaxRopeHalf];
   const std::int64_t t = blockIdx.x;
   for (int i = threadIdx.x; i < 4 * kDim; i += kThreads) {
-    one_plus_w[i / kDim][i % kDim] = 1.0f + load_weight(p.weights[i / kDim], p.weight_dtypes[i / kDim], i % kDim);
+    one_plus_w[i / kDim][i % kDim] =
+        1.0f + load_weight(p.weights[i / kDim], p.weight_dtypes[i / kDim], i % kDim);
   }
   const std::int64_t pos = p.positions_int64 ? static_cast<const std::int64_t*>(p.positions)[t]
                                              : static_cast<const std::int32_t*>(p.positions)[t];
@@ -107,12 +109,15 @@ __global__ void __launch_bounds__(kThreads) producer_kernel(const __grid_constan
       kind = kK, head = vec - p.hq;
     }
     float x[kChunkElems] = {};
-    if (live) load_chunk(p.input_dtype, p.input, t * p.input_stride + std::int64_t{vec} * kDim + part * kChunkElems, x);
+    if (live)
+      load_chunk(p.input_dtype, p.input,
+                 t * p.input_stride + std::int64_t{vec} * kDim + part * kChunkElems, x);
 
     // Gemma RMSNorm (not for V).
     float sum_sq = 0.0f;
     for (float v : x) sum_sq += v * v;
-    for (int o = kLanesPerVector / 2; o > 0; o >>= 1) sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
+    for (int o = kLanesPerVector / 2; o > 0; o >>= 1)
+      sum_sq += __shfl_xor_sync(0xffffffffu, sum_sq, o);
     const int weight_set = kind == kQ ? 0 : kind == kK ? 1 : kind == kIndexQ ? 2 : 3;
     if (kind != kV) {
       const float inv_rms = 1.0f / sqrtf(sum_sq / static_cast<float>(kDim) + p.eps);
@@ -153,7 +158,8 @@ __global__ void __launch_bounds__(kThreads) producer_kernel(const __grid_constan
       dtype = index ? p.index_dtype : p.kv_dtype;
       scale = index ? 1.0f : kind == kK ? p.k_scale : p.v_scale;
       const std::int64_t page = write ? s / p.page_size : 0, offset = write ? s % p.page_size : 0;
-      row = plane.data + page * plane.page_stride + head * plane.head_stride + offset * plane.token_stride;
+      row = plane.data + page * plane.page_stride + head * plane.head_stride +
+            offset * plane.token_stride;
       scale_row = plane.scales + page * plane.scale_page_stride + head * plane.scale_head_stride +
                   offset * plane.scale_token_stride;
     }
@@ -162,8 +168,13 @@ __global__ void __launch_bounds__(kThreads) producer_kernel(const __grid_constan
 }
 
 CachePlaneParams plane_params(const CachePlane& data, const CachePlane& scales) {
-  return {static_cast<std::byte*>(data.data), data.page_stride, data.head_stride, data.token_stride,
-          static_cast<std::byte*>(scales.data), scales.page_stride, scales.head_stride,
+  return {static_cast<std::byte*>(data.data),
+          data.page_stride,
+          data.head_stride,
+          data.token_stride,
+          static_cast<std::byte*>(scales.data),
+          scales.page_stride,
+          scales.head_stride,
           scales.token_stride};
 }
 
@@ -209,14 +220,17 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
   const TensorView* weights[4] = {&in.q_norm_weight, &in.k_norm_weight, &in.index_q_norm_weight,
                                   &in.index_k_norm_weight};
   for (int i = 0; i < 4; ++i) {
-    FLASHMSA_CHECK_ARG(weights[i]->stride[0] == 1, "norm weights must be contiguous on the CUDA backend");
+    FLASHMSA_CHECK_ARG(weights[i]->stride[0] == 1,
+                       "norm weights must be contiguous on the CUDA backend");
     p.weights[i] = weights[i]->data;
     p.weight_dtypes[i] = weights[i]->dtype;
   }
   p.positions = in.positions.data;
   p.positions_int64 = in.positions.dtype == DType::kInt64;
-  FLASHMSA_CHECK_ARG(in.positions.stride[0] == 1, "positions must be contiguous on the CUDA backend");
-  const TensorView& index_slots = in.index_slot_mapping.data ? in.index_slot_mapping : in.slot_mapping;
+  FLASHMSA_CHECK_ARG(in.positions.stride[0] == 1,
+                     "positions must be contiguous on the CUDA backend");
+  const TensorView& index_slots =
+      in.index_slot_mapping.data ? in.index_slot_mapping : in.slot_mapping;
   p.slots = in.slot_mapping.as<const std::int64_t>();
   p.slot_stride = in.slot_mapping.stride[0];
   p.index_slots = index_slots.as<const std::int64_t>();
@@ -250,7 +264,8 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
   p.page_size = kv.shape.page_size;
   FLASHMSA_CHECK_SUPPORTED(ix.page_size == kv.shape.page_size,
                            "the CUDA producer needs one page size for both caches");
-  FLASHMSA_CHECK_SUPPORTED(num_tokens <= 0x7fffffff, "too many tokens for one launch: ", num_tokens);
+  FLASHMSA_CHECK_SUPPORTED(num_tokens <= 0x7fffffff,
+                           "too many tokens for one launch: ", num_tokens);
   producer_kernel<<<static_cast<unsigned>(num_tokens), kThreads, 0,
                     static_cast<cudaStream_t>(stream)>>>(p);
   FLASHMSA_CHECK_LAUNCH();

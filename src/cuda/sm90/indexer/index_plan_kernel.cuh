@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(kIndexPlanThreads)
     std::int64_t previous = __shfl_up_sync(0xffffffffu, running, 1);
     if (threadIdx.x % 32 == 31) warp_last[threadIdx.x / 32] = running;
     __syncthreads();
-    if (threadIdx.x % 32 == 0) previous = threadIdx.x == 0 ? carry_max : warp_last[threadIdx.x / 32 - 1];
+    if (threadIdx.x % 32 == 0)
+      previous = threadIdx.x == 0 ? carry_max : warp_last[threadIdx.x / 32 - 1];
     const std::int64_t begin = min(max(previous, std::int64_t{0}), p.num_rows);
     std::int64_t tiles = 0;
     if (live) {

@@ -3,7 +3,7 @@
 
 namespace flashmsa::cuda {
 template void launch_index_score<IndexScoreDecodeTraits16>(const IndexScoreParams&, DType, bool,
-                                                            dim3, cudaStream_t);
+                                                           dim3, cudaStream_t);
 template void launch_index_score<IndexScoreDecodeTraits64>(const IndexScoreParams&, DType, bool,
-                                                            dim3, cudaStream_t);
+                                                           dim3, cudaStream_t);
 }  // namespace flashmsa::cuda

@@ -95,9 +95,9 @@ __device__ void widen_page(const std::byte* stage, std::byte* tile) {
       }
     } else {
       const uint2 raw = *reinterpret_cast<const uint2*>(stage + token * 64 + group * 8);
-      const std::uint8_t scale_code = static_cast<std::uint8_t>(stage[128 * 64 + token * 8 + group]);
-      const float scale =
-          __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
+      const std::uint8_t scale_code =
+          static_cast<std::uint8_t>(stage[128 * 64 + token * 8 + group]);
+      const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
       const std::uint32_t words[2] = {raw.x, raw.y};
       constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
       for (int j = 0; j < 16; ++j) {
@@ -194,8 +194,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const std::int64_t offset =
           (tile.row + row) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
       if constexpr (kQueryFp8) {
-        const uint2 raw = *reinterpret_cast<const uint2*>(
-            static_cast<const std::uint8_t*>(p.index_q) + offset);
+        const uint2 raw =
+            *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) + offset);
         const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
         auto* o = reinterpret_cast<std::uint32_t*>(&value);
         for (int j = 0; j < 4; ++j) {
@@ -203,8 +203,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
           o[j] = pack_bf16(f.x, f.y);
         }
       } else {
-        value = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.index_q) +
-                                                offset);
+        value =
+            *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.index_q) + offset);
       }
     }
     reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;

@@ -3,5 +3,5 @@
 
 namespace flashmsa::cuda {
 template void launch_index_score<IndexScorePrefillTraits>(const IndexScoreParams&, DType, bool,
-                                                           dim3, cudaStream_t);
+                                                          dim3, cudaStream_t);
 }  // namespace flashmsa::cuda

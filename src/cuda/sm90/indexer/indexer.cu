@@ -13,11 +13,11 @@
 namespace flashmsa::cuda {
 
 extern template void launch_index_score<IndexScorePrefillTraits>(const IndexScoreParams&, DType,
-                                                                  bool, dim3, cudaStream_t);
+                                                                 bool, dim3, cudaStream_t);
 extern template void launch_index_score<IndexScoreDecodeTraits16>(const IndexScoreParams&, DType,
-                                                                   bool, dim3, cudaStream_t);
+                                                                  bool, dim3, cudaStream_t);
 extern template void launch_index_score<IndexScoreDecodeTraits64>(const IndexScoreParams&, DType,
-                                                                   bool, dim3, cudaStream_t);
+                                                                  bool, dim3, cudaStream_t);
 
 namespace {
 
@@ -25,7 +25,7 @@ constexpr int kPrefillPagesPerSplit = 32;
 // Enough CTAs that the last wave is a small part of the step (measured on the H200: 4 x 132
 // left 64 x 32K at 68% of the read bandwidth, two CTAs per SM and a 2.2-wave grid).
 constexpr int kDecodeTargetCtas = 16 * 132;
-constexpr int kMaxTopkBlocks = 32768;       // keys of one row in the top-k CTA's shared memory
+constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
 
 bool aligned(const void* p, std::int64_t a) {
   return reinterpret_cast<std::uintptr_t>(p) % a == 0;
@@ -59,15 +59,17 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
                            " blocks wide, got ", max_blocks);
   const std::int64_t q_elem = dtype_bits(index_q.dtype) / 8;
   FLASHMSA_CHECK_ARG(aligned(index_q.data, 8 * q_elem) && (index_q.stride[0] * q_elem) % 16 == 0 &&
-                         (index_q.stride[1] * q_elem) % (8 * q_elem) == 0 &&
-                         index_q.stride[2] == 1,
+                         (index_q.stride[1] * q_elem) % (8 * q_elem) == 0 && index_q.stride[2] == 1,
                      "index_q must have contiguous, 16-byte aligned rows on the CUDA backend");
-  const std::int64_t row_bytes = cache.dtype == DType::kBf16 ? 256 : cache.dtype == DType::kNvfp4 ? 64 : 128;
+  const std::int64_t row_bytes = cache.dtype == DType::kBf16    ? 256
+                                 : cache.dtype == DType::kNvfp4 ? 64
+                                                                : 128;
   FLASHMSA_CHECK_ARG(cache.k.row_bytes == row_bytes && aligned(cache.k.data, 16) &&
                          cache.k.page_stride % 16 == 0 && cache.k.token_stride % 16 == 0,
                      "index_cache rows must be 16-byte aligned on the CUDA backend");
   if (cache.dtype == DType::kNvfp4) {
-    FLASHMSA_CHECK_ARG(aligned(cache.block_scale.data, 8) && cache.block_scale.page_stride % 8 == 0 &&
+    FLASHMSA_CHECK_ARG(aligned(cache.block_scale.data, 8) &&
+                           cache.block_scale.page_stride % 8 == 0 &&
                            cache.block_scale.token_stride % 8 == 0,
                        "index_cache scale rows must be 8-byte aligned on the CUDA backend");
   }
@@ -122,8 +124,8 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
 void launch_topk(const Launch& l, std::int64_t hkv) {
   if (l.topk.chunk.rows() == 0) return;
   const int smem = 4 * l.topk.max_blocks;
-  FLASHMSA_CHECK_CUDA(cudaFuncSetAttribute(index_topk_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FLASHMSA_CHECK_CUDA(
+      cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   index_topk_kernel<<<dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
                       kIndexTopkThreads, smem, l.stream>>>(l.topk);
   FLASHMSA_CHECK_LAUNCH();
