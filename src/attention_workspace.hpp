@@ -17,7 +17,8 @@ namespace flashmsa::detail {
 // SM). A CTA has a fixed cost (union build, first-page latency, epilogue: about 11 us measured
 // on the H200) besides ~1.6 us per page, so fewer, longer CTAs win once the GPU is full.
 inline constexpr std::int64_t kAttentionDecodeTargetCtas = 132;
-// Query rows per decode CTA: 1 for dql = 1 (4 warps split each page's keys), else 4.
+// Query rows per decode CTA: 1 for dql = 1 (8 warps split each page's keys), else 4 (each row's
+// keys split between 2 warps).
 constexpr std::int64_t attention_decode_tile_rows(std::int64_t decode_query_len) {
   return decode_query_len == 1 ? 1 : 4;
 }

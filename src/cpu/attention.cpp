@@ -22,7 +22,7 @@ constexpr float kLog2e = 1.4426950408889634f;
 // 2^x in fp32 to about 2 ulp, branch-free so loops vectorise: x = n + f with |f| <= 1/2, and
 // 2^f = e^(f ln 2) by its degree-7 Taylor polynomial (truncation error < 1e-8). NaN propagates;
 // x < -126 (and -inf) gives 0.
-inline float fast_exp2(float x) {
+inline float exp2_polynomial(float x) {
   // Compare-and-select rather than fminf/fmaxf, which do not vectorise; NaN passes through the
   // clamp and into t, and n is made 0 for it so the integer conversion stays defined.
   const float clamped = x < -127.0f ? -127.0f : (x > 127.0f ? 127.0f : x);
@@ -72,7 +72,7 @@ float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max,
   for (float l : lanes) mx = std::max(mx, l);
   for (; c < limit; ++c) mx = std::max(mx, s[c]);
   const float ref = mx == -std::numeric_limits<float>::infinity() ? 0.0f : mx;
-  for (c = 0; c < limit; ++c) s[c] = fast_exp2(s[c] - ref);
+  for (c = 0; c < limit; ++c) s[c] = exp2_polynomial(s[c] - ref);
   for (c = limit; c < n; ++c) s[c] = 0.0f;  // causal mask inside the block
   for (float& l : lanes) l = 0.0f;
   for (c = 0; c + kLanes <= limit; c += kLanes) {
@@ -81,7 +81,7 @@ float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max,
   float sum = 0.0f;
   for (float l : lanes) sum += l;
   for (; c < limit; ++c) sum += s[c];
-  const float alpha = fast_exp2(row_max - ref);
+  const float alpha = exp2_polynomial(row_max - ref);
   row_sum = row_sum * alpha + sum;
   row_max = mx;
   return alpha;

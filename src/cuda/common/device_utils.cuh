@@ -115,10 +115,4 @@ __device__ __forceinline__ float fast_exp2(float x) {
   return y;
 }
 
-template <class T>
-__device__ __forceinline__ T warp_sum(T v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 }  // namespace flashmsa::cuda

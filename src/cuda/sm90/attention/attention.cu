@@ -14,8 +14,8 @@ extern template void launch_attention<AttentionPrefillTraits>(const AttentionPar
                                                               dim3, cudaStream_t);
 extern template void launch_attention<AttentionDecode1Traits>(const AttentionParams&, DType, DType,
                                                               dim3, cudaStream_t);
-extern template void launch_attention<AttentionDecode4Traits>(const AttentionParams&, DType, DType,
-                                                              dim3, cudaStream_t);
+extern template void launch_attention<AttentionDecodeSpecTraits>(const AttentionParams&, DType,
+                                                                 DType, dim3, cudaStream_t);
 
 // Log-sum-exp merge of the splits: one CTA per (row, kv head), a thread per (head, group of 32).
 constexpr int kAttentionCombineThreads = 64;
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kAttentionEmptyRowThreads)
 }
 
 static_assert(detail::attention_decode_tile_rows(1) == AttentionDecode1Traits::kRows &&
-              detail::attention_decode_tile_rows(2) == AttentionDecode4Traits::kRows);
+              detail::attention_decode_tile_rows(2) == AttentionDecodeSpecTraits::kRows);
 
 namespace {
 
@@ -249,7 +249,7 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   if (tile_rows == 1) {
     launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
   } else {
-    launch_attention<AttentionDecode4Traits>(p, kv.dtype, q.dtype, grid, s);
+    launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
   }
   if (p.splits > 1) {
     attention_combine_kernel<<<dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),

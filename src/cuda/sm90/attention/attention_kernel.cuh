@@ -55,7 +55,7 @@ using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
 using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
 // Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
 // per row.
-using AttentionDecode4Traits = AttentionTraits<4, 2, 3>;
+using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3>;
 
 template <KvFormat kFormat>
 constexpr int kv_raw_page_bytes() {
