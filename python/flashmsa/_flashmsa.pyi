@@ -218,6 +218,15 @@ class KvCache:
     def num_pages(self) -> int: ...
 
     @property
+    def num_kv_heads(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
+
+    @property
     def k_scale(self) -> float: ...
 
     @k_scale.setter
@@ -237,6 +246,12 @@ class IndexCache:
 
     @property
     def num_pages(self) -> int: ...
+
+    @property
+    def index_dim(self) -> int: ...
+
+    @property
+    def page_size(self) -> int: ...
 
 def kv_cache(layout: str, dtype: str, k: object, v: object | None = None, k_scales: object | None = None, v_scales: object | None = None, num_kv_heads: int | None = None, head_dim: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> KvCache:
     """

@@ -5,16 +5,25 @@ Registered when torch is importable (``import flashmsa`` does it), with fake imp
 tensors plus their layout, so nothing but tensors, ints, floats and strings crosses the op
 boundary:
 
-  kv_cache: the main cache tensor(s) in ``kv_layout`` ("packed": one [pages, Hkv, 128, 2D]
+  kv_cache: the main cache tensor(s) in ``kv_layout`` ("packed": one [pages, Hkv, 128, 2E]
             tensor; "separate"/"token_major": pass ``kv_cache_v`` too; "stacked"), dtype
-            ``kv_dtype`` (bf16, fp16, fp8_e4m3, fp8_e5m2).
-  index_cache: [pages, 128, Di] bf16 or fp8_e4m3.
+            ``kv_dtype`` (bf16, fp16, fp8_e4m3, fp8_e5m2, nvfp4). E is D elements, or D/2 bytes
+            for nvfp4, whose per-16 E4M3 scales come in ``kv_scales`` (and ``kv_scales_v`` for the
+            two-tensor layouts), same layout with E = D/16.
+  index_cache: [pages, 128, Di] bf16 or fp8_e4m3, or nvfp4 uint8 [pages, 128, Di/2] with
+            ``index_scales`` uint8 [pages, 128, Di/16].
 
-The layer configuration is MiniMax-M3's except for the arguments given (top-k, order, scales).
-The attention ops take their optional outputs (``lse``, and ``mxfp8_scales`` for decode) as
-required arguments, ``None`` for none: torch releases up to 2.11 drop a mutated argument left at
-its default before bumping its version counter and fail with "tuple index out of range", so a
-mutated tensor must never have a default.
+Head counts and head dims come from the tensors, so a tensor-parallel rank's slice (e.g. 8 q
+heads over 1 kv head) goes through unchanged: q heads and D from ``q``, kv heads from the cache,
+index heads and Di from ``index_q``. The index ops return [Hkv, T, topk] with Hkv equal to the
+index heads unless ``num_kv_heads`` says otherwise (MiniMax-M3 shards one index head per kv
+head). Everything else is MiniMax-M3's configuration except the arguments given (top-k, order,
+dtypes, scales).
+
+Mutated tensors never have defaults: torch releases up to 2.11 drop a mutated argument left at its
+default before bumping its version counter and fail with "tuple index out of range". So the
+attention ops take their optional outputs (``lse``, and ``mxfp8_scales`` for decode), and the ops
+that write a cache take its scale tensors, as required arguments, ``None`` for none.
 Outputs are written into the ``out`` tensors the caller passes, so the ops allocate nothing but
 the top-k result of the index ops and, for CUDA tensors, their device workspace (from torch's
 caching allocator, so a captured CUDA graph keeps it). CUDA tensors run on the current torch
@@ -32,7 +41,12 @@ _ORDERS = {"ascending": _C.TopkOrder.ascending, "score_desc": _C.TopkOrder.score
            "local_last": _C.TopkOrder.local_last}
 
 
-def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.Config":
+def _config(topk: int = 16, topk_order: str = "ascending", index_dtype: str = "bf16",
+            kv_dtype: str = "bf16", q: Optional[torch.Tensor] = None, kv=None,
+            index_q: Optional[torch.Tensor] = None,
+            num_kv_heads: Optional[int] = None) -> "_C.Config":
+    """MiniMax-M3's configuration with the op's arguments and the shapes of its tensors: q
+    [T, Hq, D], the KvCache view kv (Hkv, D, page size), index_q [T, Hidx, Di]."""
     c = _C.Config()
     c.sparse_topk_blocks = topk
     if topk_order not in _ORDERS:
@@ -40,7 +54,29 @@ def _config(topk: int, topk_order: str, index_dtype: str, kv_dtype: str) -> "_C.
     c.topk_order = _ORDERS[topk_order]
     c.set_index_cache_dtype(index_dtype)
     c.kv_cache_dtype = kv_dtype
+    if kv is not None:
+        c.num_key_value_heads = kv.num_kv_heads
+        c.head_dim = kv.head_dim
+        c.sparse_block_size = kv.page_size
+    if q is not None:
+        if q.dim() != 3:
+            raise ValueError(f"q must be [T, Hq, D], got shape {tuple(q.shape)}")
+        c.num_attention_heads = q.shape[1]
+        c.head_dim = q.shape[2]
+    if index_q is not None:
+        if index_q.dim() != 3:
+            raise ValueError(f"index_q must be [T, Hidx, Di], got shape {tuple(index_q.shape)}")
+        c.sparse_num_index_heads = index_q.shape[1]
+        c.sparse_index_dim = index_q.shape[2]
+        c.num_key_value_heads = index_q.shape[1] if num_kv_heads is None else num_kv_heads
+        if q is None:  # the index ops: any q head count the kv heads divide
+            c.num_attention_heads = c.num_key_value_heads
     return c
+
+
+def _topk_shape(index_q: torch.Tensor, topk: int, num_kv_heads: Optional[int]):
+    heads = index_q.shape[1] if num_kv_heads is None else num_kv_heads
+    return (heads, index_q.shape[0], topk)
 
 
 def _device_args(t: torch.Tensor, workspace_bytes=None) -> dict:
@@ -63,53 +99,60 @@ def _attention_device_args(c, q, seq_lens) -> dict:
     return _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
 
 
-def _index_cache(index_cache: torch.Tensor, index_dtype: str):
-    # An index cache is the same strided structure as a one-head "separate" main cache plane.
-    return _C.index_cache_view(index_dtype, index_cache)
+def _index_cache(index_cache: torch.Tensor, index_dtype: str,
+                 index_scales: Optional[torch.Tensor]):
+    return _C.index_cache_view(index_dtype, index_cache, index_scales)
 
 
-def _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale):
-    # Heads, head dim and pages come from the tensors' shapes (checked against the config by
-    # the op itself).
-    return _C.kv_cache(kv_layout, kv_dtype, kv_cache, kv_cache_v, k_scale=k_scale, v_scale=v_scale)
+def _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+              v_scale):
+    # Pages, heads and head dim come from the tensors' shapes.
+    return _C.kv_cache(kv_layout, kv_dtype, kv_cache, kv_cache_v, k_scales=kv_scales,
+                       v_scales=kv_scales_v, k_scale=k_scale, v_scale=v_scale)
 
 
 @torch.library.custom_op("flashmsa::index_prefill", mutates_args=())
 def index_prefill(index_q: torch.Tensor, index_cache: torch.Tensor, cu_seqlens_q: torch.Tensor,
                   seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int = 16,
-                  topk_order: str = "ascending", index_dtype: str = "bf16") -> torch.Tensor:
-    """Top-k block ids, int32 [4, T, topk], for index_q [T, 4, 128] over a ragged batch."""
-    c = _config(topk, topk_order, index_dtype, "bf16")
-    out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+                  topk_order: str = "ascending", index_dtype: str = "bf16",
+                  index_scales: Optional[torch.Tensor] = None,
+                  num_kv_heads: Optional[int] = None) -> torch.Tensor:
+    """Top-k block ids, int32 [Hkv, T, topk], for index_q [T, Hidx, Di] over a ragged batch."""
+    c = _config(topk, topk_order, index_dtype, index_q=index_q, num_kv_heads=num_kv_heads)
+    out = torch.empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32,
+                      device=index_q.device)
     extra = _index_device_args(c, index_q, seq_lens, block_table)
-    _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype), cu_seqlens_q, seq_lens,
-                     block_table, out=out, **extra)
+    _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype, index_scales),
+                     cu_seqlens_q, seq_lens, block_table, out=out, **extra)
     return out
 
 
 @index_prefill.register_fake
 def _(index_q, index_cache, cu_seqlens_q, seq_lens, block_table, topk=16,
-      topk_order="ascending", index_dtype="bf16"):
-    return index_q.new_empty((4, index_q.shape[0], topk), dtype=torch.int32)
+      topk_order="ascending", index_dtype="bf16", index_scales=None, num_kv_heads=None):
+    return index_q.new_empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32)
 
 
 @torch.library.custom_op("flashmsa::index_decode", mutates_args=())
 def index_decode(index_q: torch.Tensor, index_cache: torch.Tensor, seq_lens: torch.Tensor,
                  block_table: torch.Tensor, decode_query_len: int = 1, topk: int = 16,
-                 topk_order: str = "ascending", index_dtype: str = "bf16") -> torch.Tensor:
-    """Top-k block ids, int32 [4, B * decode_query_len, topk], for decode rows."""
-    c = _config(topk, topk_order, index_dtype, "bf16")
-    out = torch.empty((4, index_q.shape[0], topk), dtype=torch.int32, device=index_q.device)
+                 topk_order: str = "ascending", index_dtype: str = "bf16",
+                 index_scales: Optional[torch.Tensor] = None,
+                 num_kv_heads: Optional[int] = None) -> torch.Tensor:
+    """Top-k block ids, int32 [Hkv, B * decode_query_len, topk], for decode rows."""
+    c = _config(topk, topk_order, index_dtype, index_q=index_q, num_kv_heads=num_kv_heads)
+    out = torch.empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32,
+                      device=index_q.device)
     extra = _index_device_args(c, index_q, seq_lens, block_table)
-    _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype), seq_lens, block_table,
-                    decode_query_len=decode_query_len, out=out, **extra)
+    _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype, index_scales), seq_lens,
+                    block_table, decode_query_len=decode_query_len, out=out, **extra)
     return out
 
 
 @index_decode.register_fake
 def _(index_q, index_cache, seq_lens, block_table, decode_query_len=1, topk=16,
-      topk_order="ascending", index_dtype="bf16"):
-    return index_q.new_empty((4, index_q.shape[0], topk), dtype=torch.int32)
+      topk_order="ascending", index_dtype="bf16", index_scales=None, num_kv_heads=None):
+    return index_q.new_empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32)
 
 
 @torch.library.custom_op("flashmsa::sparse_attention_prefill", mutates_args=("out", "lse"))
@@ -119,19 +162,22 @@ def sparse_attention_prefill(q: torch.Tensor, kv_cache: torch.Tensor,
                              topk: torch.Tensor, out: torch.Tensor,
                              lse: Optional[torch.Tensor], kv_layout: str = "packed",
                              kv_dtype: str = "bf16", k_scale: float = 1.0,
-                             v_scale: float = 1.0) -> None:
-    """Sparse GQA attention of q [T, 64, 128] over each row's top-k blocks, into out [T, 64, 128]
-    (and the natural-log log-sum-exp into lse [T, 64] fp32 when given)."""
-    c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+                             v_scale: float = 1.0, kv_scales: Optional[torch.Tensor] = None,
+                             kv_scales_v: Optional[torch.Tensor] = None) -> None:
+    """Sparse GQA attention of q [T, Hq, D] over each row's top-k blocks, into out [T, Hq, D]
+    (and the natural-log log-sum-exp into lse [T, Hq] fp32 when given)."""
+    kv = _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+                   v_scale)
+    c = _config(topk.shape[2], kv_dtype=kv_dtype, q=q, kv=kv)
     extra = _attention_device_args(c, q, seq_lens)
-    _C.sparse_attention_prefill(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
-                                                k_scale, v_scale),
-                                cu_seqlens_q, seq_lens, block_table, topk, out, lse=lse, **extra)
+    _C.sparse_attention_prefill(c, q, kv, cu_seqlens_q, seq_lens, block_table, topk, out, lse=lse,
+                                **extra)
 
 
 @sparse_attention_prefill.register_fake
 def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, topk, out, lse,
-      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
+      kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0, kv_scales=None,
+      kv_scales_v=None):
     return None
 
 
@@ -143,16 +189,19 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
                             lse: Optional[torch.Tensor], mxfp8_scales: Optional[torch.Tensor],
                             decode_query_len: int = 1, kv_layout: str = "packed",
                             kv_dtype: str = "bf16", k_scale: float = 1.0,
-                            v_scale: float = 1.0, scale_layout: str = "row_major") -> None:
-    """Decode attention of q [B * decode_query_len, 64, 128] into out [T, 64, 128]; with
-    mxfp8_scales, out is uint8 [T, 64 * 128] E4M3 codes and mxfp8_scales the E8M0 scales
-    (uint8 [T, 256] row-major, or the 128x4-swizzled buffer with scale_layout="swizzled"),
-    bit-identical to quantizing the bf16 output. lse [T, 64] fp32 when given."""
-    c = _config(topk.shape[2], "ascending", "bf16", kv_dtype)
+                            v_scale: float = 1.0, scale_layout: str = "row_major",
+                            kv_scales: Optional[torch.Tensor] = None,
+                            kv_scales_v: Optional[torch.Tensor] = None) -> None:
+    """Decode attention of q [B * decode_query_len, Hq, D] into out [T, Hq, D]; with
+    mxfp8_scales, out is uint8 [T, Hq * D] E4M3 codes and mxfp8_scales the E8M0 scales
+    (uint8 [T, Hq * D / 32] row-major, or the 128x4-swizzled buffer with
+    scale_layout="swizzled"), bit-identical to quantizing the bf16 output. lse [T, Hq] fp32 when
+    given."""
+    kv = _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+                   v_scale)
+    c = _config(topk.shape[2], kv_dtype=kv_dtype, q=q, kv=kv)
     extra = _attention_device_args(c, q, seq_lens)
-    _C.sparse_attention_decode(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype,
-                                               k_scale, v_scale),
-                               seq_lens, block_table, topk, out,
+    _C.sparse_attention_decode(c, q, kv, seq_lens, block_table, topk, out,
                                decode_query_len=decode_query_len, lse=lse,
                                mxfp8_scales=mxfp8_scales, scale_layout=scale_layout, **extra)
 
@@ -160,7 +209,7 @@ def sparse_attention_decode(q: torch.Tensor, kv_cache: torch.Tensor,
 @sparse_attention_decode.register_fake
 def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, lse, mxfp8_scales,
       decode_query_len=1, kv_layout="packed", kv_dtype="bf16", k_scale=1.0, v_scale=1.0,
-      scale_layout="row_major"):
+      scale_layout="row_major", kv_scales=None, kv_scales_v=None):
     return None
 
 
@@ -168,74 +217,88 @@ def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, lse, mxfp8_scal
 def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,
                     out: torch.Tensor, lse: Optional[torch.Tensor], kv_layout: str = "packed",
-                    kv_dtype: str = "bf16", k_scale: float = 1.0, v_scale: float = 1.0) -> None:
-    """Causal GQA attention of q [T, 64, 128] over every visible key of the paged cache, into
-    out (and lse [T, 64] fp32 when given)."""
-    c = _config(16, "ascending", "bf16", kv_dtype)
+                    kv_dtype: str = "bf16", k_scale: float = 1.0, v_scale: float = 1.0,
+                    kv_scales: Optional[torch.Tensor] = None,
+                    kv_scales_v: Optional[torch.Tensor] = None) -> None:
+    """Causal GQA attention of q [T, Hq, D] over every visible key of the paged cache, into
+    out (and lse [T, Hq] fp32 when given)."""
+    kv = _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+                   v_scale)
+    c = _config(kv_dtype=kv_dtype, q=q, kv=kv)
     extra = _attention_device_args(c, q, seq_lens)
-    _C.dense_attention(c, q, _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale,
-                                       v_scale),
-                       cu_seqlens_q, seq_lens, block_table, out, lse=lse, **extra)
+    _C.dense_attention(c, q, kv, cu_seqlens_q, seq_lens, block_table, out, lse=lse, **extra)
 
 
 @dense_attention.register_fake
 def _(q, kv_cache, kv_cache_v, cu_seqlens_q, seq_lens, block_table, out, lse, kv_layout="packed",
+      kv_dtype="bf16", k_scale=1.0, v_scale=1.0, kv_scales=None, kv_scales_v=None):
+    return None
+
+
+@torch.library.custom_op("flashmsa::insert_kv",
+                         mutates_args=("kv_cache", "kv_cache_v", "kv_scales", "kv_scales_v"))
+def insert_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
+              kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
+              kv_scales: Optional[torch.Tensor], kv_scales_v: Optional[torch.Tensor],
+              kv_layout: str = "packed", kv_dtype: str = "bf16", k_scale: float = 1.0,
+              v_scale: float = 1.0) -> None:
+    """Write k, v [T, Hkv, D] at slot_mapping [T] int64 (negative: skip) into the cache (and, for
+    nvfp4, its scales)."""
+    extra = _device_args(k)
+    _C.insert_kv(_kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype,
+                           k_scale, v_scale), k, v, slot_mapping, **extra)
+
+
+@insert_kv.register_fake
+def _(k, v, slot_mapping, kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout="packed",
       kv_dtype="bf16", k_scale=1.0, v_scale=1.0):
     return None
 
 
-@torch.library.custom_op("flashmsa::insert_kv", mutates_args=("kv_cache", "kv_cache_v"))
-def insert_kv(k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
-              kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
-              kv_layout: str = "packed", kv_dtype: str = "bf16", k_scale: float = 1.0,
-              v_scale: float = 1.0) -> None:
-    """Write k, v [T, 4, 128] at slot_mapping [T] int64 (negative: skip) into the cache."""
-    extra = _device_args(k)
-    _C.insert_kv(_kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale), k, v,
-                 slot_mapping, **extra)
-
-
-@insert_kv.register_fake
-def _(k, v, slot_mapping, kv_cache, kv_cache_v, kv_layout="packed", kv_dtype="bf16",
-      k_scale=1.0, v_scale=1.0):
-    return None
-
-
-@torch.library.custom_op("flashmsa::insert_index_k", mutates_args=("index_cache",))
+@torch.library.custom_op("flashmsa::insert_index_k", mutates_args=("index_cache", "index_scales"))
 def insert_index_k(index_k: torch.Tensor, slot_mapping: torch.Tensor, index_cache: torch.Tensor,
-                   index_dtype: str = "bf16") -> None:
-    """Write index_k [T, 128] at slot_mapping [T] int64 into the index cache."""
+                   index_scales: Optional[torch.Tensor], index_dtype: str = "bf16") -> None:
+    """Write index_k [T, Di] at slot_mapping [T] int64 into the index cache (and, for nvfp4, its
+    scales)."""
     extra = _device_args(index_k)
-    _C.insert_index_k(_index_cache(index_cache, index_dtype), index_k, slot_mapping, **extra)
+    _C.insert_index_k(_index_cache(index_cache, index_dtype, index_scales), index_k, slot_mapping,
+                      **extra)
 
 
 @insert_index_k.register_fake
-def _(index_k, slot_mapping, index_cache, index_dtype="bf16"):
+def _(index_k, slot_mapping, index_cache, index_scales, index_dtype="bf16"):
     return None
 
 
 @torch.library.custom_op("flashmsa::produce_qkv_index",
-                         mutates_args=("kv_cache", "kv_cache_v", "index_cache", "q", "index_q"))
+                         mutates_args=("kv_cache", "kv_cache_v", "kv_scales", "kv_scales_v",
+                                       "index_cache", "index_scales", "q", "index_q"))
 def produce_qkv_index(qkv_index: torch.Tensor, q_norm_weight: torch.Tensor,
                       k_norm_weight: torch.Tensor, index_q_norm_weight: torch.Tensor,
                       index_k_norm_weight: torch.Tensor, positions: torch.Tensor,
                       slot_mapping: torch.Tensor, kv_cache: torch.Tensor,
-                      kv_cache_v: Optional[torch.Tensor], index_cache: torch.Tensor,
-                      q: torch.Tensor, index_q: torch.Tensor, kv_layout: str = "packed",
-                      kv_dtype: str = "bf16", index_dtype: str = "bf16", k_scale: float = 1.0,
+                      kv_cache_v: Optional[torch.Tensor], kv_scales: Optional[torch.Tensor],
+                      kv_scales_v: Optional[torch.Tensor], index_cache: torch.Tensor,
+                      index_scales: Optional[torch.Tensor], q: torch.Tensor,
+                      index_q: torch.Tensor, kv_layout: str = "packed", kv_dtype: str = "bf16",
+                      index_dtype: str = "bf16", k_scale: float = 1.0,
                       v_scale: float = 1.0) -> None:
-    """The fused producer: qkv_index [T, 64*128 + 2*4*128 + 4*128 + 128] bf16 -> Gemma RMSNorm and
-    partial NeoX RoPE -> q [T, 64, 128], index_q [T, 4, 128], k/v/index-k into the caches."""
-    c = _config(16, "ascending", index_dtype, kv_dtype)
+    """The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] bf16 -> Gemma RMSNorm and
+    partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches."""
+    kv = _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+                   v_scale)
+    c = _config(index_dtype=index_dtype, kv_dtype=kv_dtype, q=q, kv=kv, index_q=index_q,
+                num_kv_heads=kv.num_kv_heads)
     extra = _device_args(qkv_index)
     _C.produce_qkv_index(c, qkv_index, q_norm_weight, k_norm_weight, index_q_norm_weight,
-                         index_k_norm_weight, positions, slot_mapping,
-                         _kv_cache(kv_cache, kv_cache_v, kv_layout, kv_dtype, k_scale, v_scale),
-                         _index_cache(index_cache, index_dtype), q, index_q, **extra)
+                         index_k_norm_weight, positions, slot_mapping, kv,
+                         _index_cache(index_cache, index_dtype, index_scales), q, index_q,
+                         **extra)
 
 
 @produce_qkv_index.register_fake
 def _(qkv_index, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight,
-      positions, slot_mapping, kv_cache, kv_cache_v, index_cache, q, index_q, kv_layout="packed",
-      kv_dtype="bf16", index_dtype="bf16", k_scale=1.0, v_scale=1.0):
+      positions, slot_mapping, kv_cache, kv_cache_v, kv_scales, kv_scales_v, index_cache,
+      index_scales, q, index_q, kv_layout="packed", kv_dtype="bf16", index_dtype="bf16",
+      k_scale=1.0, v_scale=1.0):
     return None

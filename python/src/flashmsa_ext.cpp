@@ -412,11 +412,16 @@ NB_MODULE(_flashmsa, m) {
   nb::class_<KvCacheView>(m, "KvCache", "A view of a paged main K/V cache.")
       .def_prop_ro("dtype", [](const KvCacheView& v) { return std::string(to_string(v.dtype)); })
       .def_prop_ro("num_pages", [](const KvCacheView& v) { return v.shape.num_pages; })
+      .def_prop_ro("num_kv_heads", [](const KvCacheView& v) { return v.shape.num_kv_heads; })
+      .def_prop_ro("head_dim", [](const KvCacheView& v) { return v.shape.head_dim; })
+      .def_prop_ro("page_size", [](const KvCacheView& v) { return v.shape.page_size; })
       .def_rw("k_scale", &KvCacheView::k_scale)
       .def_rw("v_scale", &KvCacheView::v_scale);
   nb::class_<IndexCacheView>(m, "IndexCache", "A view of the index-K side cache.")
       .def_prop_ro("dtype", [](const IndexCacheView& v) { return std::string(to_string(v.dtype)); })
-      .def_prop_ro("num_pages", [](const IndexCacheView& v) { return v.num_pages; });
+      .def_prop_ro("num_pages", [](const IndexCacheView& v) { return v.num_pages; })
+      .def_prop_ro("index_dim", [](const IndexCacheView& v) { return v.index_dim; })
+      .def_prop_ro("page_size", [](const IndexCacheView& v) { return v.page_size; });
 
   m.def(
       "kv_cache",

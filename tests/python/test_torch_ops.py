@@ -202,7 +202,7 @@ def run_producer_op(inputs, device="cpu"):
     index = torch.zeros((PAGES, 128, DI), dtype=torch.bfloat16, device=device)
     q = torch.empty((inputs[0].shape[0], 64, D), dtype=torch.bfloat16, device=device)
     iq = torch.empty((inputs[0].shape[0], 4, DI), dtype=torch.bfloat16, device=device)
-    torch.ops.flashmsa.produce_qkv_index(*inputs, kv, None, index, q, iq)
+    torch.ops.flashmsa.produce_qkv_index(*inputs, kv, None, None, None, index, None, q, iq)
     return kv, index, q, iq
 
 
@@ -219,8 +219,8 @@ def test_producer_insert_and_dense_ops_equal_direct_calls():
     k = torch.randn((3, HKV, D)).to(torch.bfloat16)
     ik = torch.randn((3, DI)).to(torch.bfloat16)
     slots = torch.tensor([9, -1, 1001], dtype=torch.int64)
-    torch.ops.flashmsa.insert_kv(k, k, slots, kv, None)
-    torch.ops.flashmsa.insert_index_k(ik, slots, index)
+    torch.ops.flashmsa.insert_kv(k, k, slots, kv, None, None, None)
+    torch.ops.flashmsa.insert_index_k(ik, slots, index, None)
     flashmsa.insert_kv(flashmsa.kv_cache("packed", "bf16", kv2), k, k, slots)
     flashmsa.insert_index_k(flashmsa.index_cache_view("bf16", index2), ik, slots)
     assert torch.equal(kv, kv2) and torch.equal(index, index2)
@@ -241,13 +241,14 @@ def test_opcheck_producer_insert_dense():
     iq = torch.empty((6, 4, DI), dtype=torch.bfloat16)
     checks = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.flashmsa.produce_qkv_index.default,
-                          (*inputs, kv, None, index, q, iq), test_utils=checks)
+                          (*inputs, kv, None, None, None, index, None, q, iq),
+                          test_utils=checks)
     k = torch.randn((2, HKV, D)).to(torch.bfloat16)
     slots = torch.tensor([3, 4], dtype=torch.int64)
-    torch.library.opcheck(torch.ops.flashmsa.insert_kv.default, (k, k, slots, kv, None),
-                          test_utils=checks)
+    torch.library.opcheck(torch.ops.flashmsa.insert_kv.default,
+                          (k, k, slots, kv, None, None, None), test_utils=checks)
     torch.library.opcheck(torch.ops.flashmsa.insert_index_k.default,
-                          (torch.randn((2, DI)).to(torch.bfloat16), slots, index),
+                          (torch.randn((2, DI)).to(torch.bfloat16), slots, index, None),
                           test_utils=checks)
     kv, index, cu, lens, table, q, iq = make_inputs(10)
     torch.library.opcheck(torch.ops.flashmsa.dense_attention.default,
@@ -323,3 +324,208 @@ def test_decode_op_lse_and_mxfp8_on_cuda_match_the_cpu():
     scale = torch.pow(2.0, scales.view(4, 256).cpu().float() - 127).repeat_interleave(32, dim=1)
     decoded = codes.cpu().view(torch.float8_e4m3fn).float() * scale
     assert torch.all((decoded - x).abs() <= x.abs() * 2 ** -4 + scale * 2 ** -10)
+
+
+# Shapes the ops must take from their tensors: MiniMax-M3 whole, one rank of tensor parallelism 4
+# (16 q heads over 1 kv head and 1 index head), and NVFP4 main and index caches (whose scales
+# are tensors of their own), alone and on such a rank.
+LAYERS = {
+    "m3_bf16": (64, 4, 4, "bf16", "bf16"),
+    "tp_rank_bf16": (16, 1, 1, "bf16", "bf16"),
+    "m3_nvfp4": (64, 4, 4, "nvfp4", "nvfp4"),
+    "tp_rank_nvfp4": (16, 1, 1, "nvfp4", "nvfp4"),
+}
+
+
+class Layer:
+    """One layer's shapes and caches; `op_caches` are the torch ops' cache arguments."""
+
+    def __init__(self, name, device="cpu"):
+        self.hq, self.hkv, self.hidx, self.kv_dtype, self.index_dtype = LAYERS[name]
+        nvfp4, index_nvfp4 = self.kv_dtype == "nvfp4", self.index_dtype == "nvfp4"
+        u8 = dict(dtype=torch.uint8, device=device)
+        bf16 = dict(dtype=torch.bfloat16, device=device)
+        self.kv = (torch.zeros((PAGES, self.hkv, 128, D), **u8) if nvfp4 else
+                   torch.zeros((PAGES, self.hkv, 128, 2 * D), **bf16))
+        self.kv_scales = torch.zeros((PAGES, self.hkv, 128, 2 * D // 16), **u8) if nvfp4 else None
+        self.index = (torch.zeros((PAGES, 128, DI // 2), **u8) if index_nvfp4 else
+                      torch.zeros((PAGES, 128, DI), **bf16))
+        self.index_scales = torch.zeros((PAGES, 128, DI // 16), **u8) if index_nvfp4 else None
+
+    def config(self):
+        return flashmsa.Config(num_attention_heads=self.hq, num_key_value_heads=self.hkv,
+                               sparse_num_index_heads=self.hidx, kv_cache_dtype=self.kv_dtype,
+                               index_cache_dtype=self.index_dtype)
+
+    def kv_view(self):
+        return flashmsa.kv_cache("packed", self.kv_dtype, self.kv, k_scales=self.kv_scales)
+
+    def index_view(self):
+        return flashmsa.index_cache_view(self.index_dtype, self.index, self.index_scales)
+
+    def kv_args(self):
+        return {"kv_dtype": self.kv_dtype, "kv_scales": self.kv_scales}
+
+    def index_args(self):
+        return {"index_dtype": self.index_dtype, "index_scales": self.index_scales}
+
+    def width(self):
+        return self.hq * D + 2 * self.hkv * D + self.hidx * DI + DI
+
+
+def layer_batch(layer, seed):
+    """A two-request prefill batch for `layer`: table, lengths, and random rows of every input."""
+    g = torch.Generator().manual_seed(seed)
+    lengths, queries = [2500, 300], [5, 3]
+    perm = torch.randperm(PAGES, generator=g).to(torch.int32)
+    table = torch.full((2, 20), -1, dtype=torch.int32)
+    table[0, :20], table[1, :3] = perm[:20], perm[20:23]
+    rows = []
+    for r, n in enumerate(lengths):
+        pos = torch.arange(n)
+        slots = (table[r, pos // 128].to(torch.int64) * 128 + pos % 128).contiguous()
+        rows.append([slots] + [torch.randn(s, generator=g).to(torch.bfloat16) for s in
+                               ((n, layer.hkv, D), (n, layer.hkv, D), (n, DI))])
+    t = sum(queries)
+    q = torch.randn((t, layer.hq, D), generator=g).to(torch.bfloat16)
+    iq = torch.randn((t, layer.hidx, DI), generator=g).to(torch.bfloat16)
+    cu = torch.tensor([0, 5, 8], dtype=torch.int32)
+    return rows, cu, torch.tensor(lengths, dtype=torch.int32), table, q, iq
+
+
+def run_layer_ops(layer, batch, device="cpu"):
+    """Inserts, both index ops and the three attention ops through torch.ops.flashmsa on
+    `device`; returns every output (CPU tensors), the caches included."""
+    rows, cu, lens, table, q, iq = (batch[0],) + tuple(t.to(device) for t in batch[1:])
+    for slots, k, v, ik in rows:
+        k, v, ik, slots = k.to(device), v.to(device), ik.to(device), slots.to(device)
+        torch.ops.flashmsa.insert_kv(k, v, slots, layer.kv, None, layer.kv_scales, None,
+                                     kv_dtype=layer.kv_dtype)
+        torch.ops.flashmsa.insert_index_k(ik, slots, layer.index, layer.index_scales,
+                                          index_dtype=layer.index_dtype)
+    topk = torch.ops.flashmsa.index_prefill(iq, layer.index, cu, lens, table,
+                                            **layer.index_args())
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:2], 777.0, device=device)
+    torch.ops.flashmsa.sparse_attention_prefill(q, layer.kv, None, cu, lens, table, topk, out, lse,
+                                                **layer.kv_args())
+    dense = torch.full_like(q, float("nan"))
+    torch.ops.flashmsa.dense_attention(q, layer.kv, None, cu, lens, table, dense, None,
+                                       **layer.kv_args())
+    dql, rows_d = 2, 4  # two requests, two speculative rows each
+    topk_d = torch.ops.flashmsa.index_decode(iq[:rows_d], layer.index, lens, table, dql,
+                                             **layer.index_args())
+    out_d = torch.full_like(q[:rows_d], float("nan"))
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows_d], layer.kv, None, lens, table, topk_d,
+                                               out_d, None, None, dql, **layer.kv_args())
+    caches = [layer.kv, layer.index] + [s for s in (layer.kv_scales, layer.index_scales)
+                                        if s is not None]
+    return [t.cpu() for t in [topk, out, lse, dense, topk_d, out_d] + caches]
+
+
+def run_layer_direct(layer, batch):
+    """The same as run_layer_ops through the direct calls (CPU), with the layer's Config."""
+    rows, cu, lens, table, q, iq = batch
+    c, kv, index = layer.config(), layer.kv_view(), layer.index_view()
+    for slots, k, v, ik in rows:
+        flashmsa.insert_kv(kv, k, v, slots)
+        flashmsa.insert_index_k(index, ik, slots)
+    topk = torch.from_numpy(flashmsa.index_prefill(c, iq, index, cu, lens, table))
+    out, lse, dense = torch.empty_like(q), torch.empty(q.shape[:2]), torch.empty_like(q)
+    flashmsa.sparse_attention_prefill(c, q, kv, cu, lens, table, topk, out, lse=lse)
+    flashmsa.dense_attention(c, q, kv, cu, lens, table, dense)
+    topk_d = torch.from_numpy(flashmsa.index_decode(c, iq[:4], index, lens, table, 2))
+    out_d = torch.empty_like(q[:4])
+    flashmsa.sparse_attention_decode(c, q[:4], kv, lens, table, topk_d, out_d, 2)
+    caches = [layer.kv, layer.index] + [s for s in (layer.kv_scales, layer.index_scales)
+                                        if s is not None]
+    return [topk, out, lse, dense, topk_d, out_d] + caches
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_ops_take_heads_and_nvfp4_scales_from_the_tensors(name):
+    batch = layer_batch(Layer(name), 20)
+    got = run_layer_ops(Layer(name), batch)
+    want = run_layer_direct(Layer(name), batch)
+    hkv, rows = LAYERS[name][1], batch[4].shape[0]
+    assert got[0].shape == (hkv, rows, 16) and got[4].shape == (hkv, 4, 16)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
+@pytest.mark.parametrize("name", LAYERS)
+def test_producer_op_takes_heads_and_nvfp4_scales_from_the_tensors(name):
+    g = torch.Generator().manual_seed(21)
+    layer, direct = Layer(name), Layer(name)
+    t = 6
+    qkv = torch.randn((t, layer.width()), generator=g).to(torch.bfloat16)
+    weights = [(0.1 * torch.randn(n, generator=g)).to(torch.bfloat16) for n in (D, D, DI, DI)]
+    positions = torch.tensor([0, 1, 2, 130, 131, 700], dtype=torch.int64)
+    slots = torch.tensor([5, 6, 7, 300, -1, 900], dtype=torch.int64)
+    q, iq = (torch.empty((t, layer.hq, D), dtype=torch.bfloat16),
+             torch.empty((t, layer.hidx, DI), dtype=torch.bfloat16))
+    args = (qkv, *weights, positions, slots, layer.kv, None, layer.kv_scales, None, layer.index,
+            layer.index_scales, q, iq)
+    kwargs = {"kv_dtype": layer.kv_dtype, "index_dtype": layer.index_dtype}
+    torch.ops.flashmsa.produce_qkv_index(*args, **kwargs)
+    q2, iq2 = torch.empty_like(q), torch.empty_like(iq)
+    flashmsa.produce_qkv_index(direct.config(), qkv, *weights, positions, slots, direct.kv_view(),
+                               direct.index_view(), q2, iq2)
+    assert torch.equal(q, q2) and torch.equal(iq, iq2)
+    assert torch.equal(layer.kv, direct.kv) and torch.equal(layer.index, direct.index)
+    if layer.kv_scales is not None:
+        assert torch.equal(layer.kv_scales, direct.kv_scales)
+        assert torch.equal(layer.index_scales, direct.index_scales)
+    torch.library.opcheck(torch.ops.flashmsa.produce_qkv_index.default, args, kwargs,
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("name", ["tp_rank_nvfp4"])
+def test_opcheck_with_rank_heads_and_nvfp4_scales(name):
+    layer = Layer(name)
+    rows, cu, lens, table, q, iq = layer_batch(layer, 22)
+    checks = ("test_schema", "test_faketensor")
+    slots, k, v, ik = rows[0]
+    torch.library.opcheck(torch.ops.flashmsa.insert_kv.default,
+                          (k, v, slots, layer.kv, None, layer.kv_scales, None),
+                          {"kv_dtype": layer.kv_dtype}, test_utils=checks)
+    torch.library.opcheck(torch.ops.flashmsa.insert_index_k.default,
+                          (ik, slots, layer.index, layer.index_scales),
+                          {"index_dtype": layer.index_dtype}, test_utils=checks)
+    torch.library.opcheck(torch.ops.flashmsa.index_prefill.default,
+                          (iq, layer.index, cu, lens, table), layer.index_args(),
+                          test_utils=checks)
+    topk = torch.ops.flashmsa.index_prefill(iq, layer.index, cu, lens, table,
+                                            **layer.index_args())
+    torch.library.opcheck(torch.ops.flashmsa.sparse_attention_prefill.default,
+                          (q, layer.kv, None, cu, lens, table, topk, torch.empty_like(q), None),
+                          layer.kv_args(), test_utils=checks)
+    torch.library.opcheck(torch.ops.flashmsa.index_decode.default,
+                          (iq[:4], layer.index, lens, table, 2), layer.index_args(),
+                          test_utils=checks)
+
+
+def test_index_ops_take_the_kv_head_count_when_index_heads_are_a_multiple():
+    # Two index heads per kv head: the output has one top-k list per kv head.
+    layer = Layer("m3_bf16")
+    rows, cu, lens, table, q, iq = layer_batch(layer, 23)
+    iq8 = torch.cat([iq, iq], dim=1)
+    topk = torch.ops.flashmsa.index_prefill(iq8, layer.index, cu, lens, table, num_kv_heads=4)
+    c = flashmsa.Config(sparse_num_index_heads=8)
+    want = flashmsa.index_prefill(c, iq8, layer.index_view(), cu, lens, table)
+    assert topk.shape == (4, iq.shape[0], 16) and (topk.numpy() == want).all()
+
+
+@requires_cuda
+@pytest.mark.parametrize("name", LAYERS)
+def test_cuda_ops_with_rank_heads_and_nvfp4_caches_match_the_cpu(name):
+    batch = layer_batch(Layer(name), 24)
+    want = run_layer_ops(Layer(name), batch)
+    got = run_layer_ops(Layer(name, "cuda"), batch, "cuda")
+    topk, out, lse, dense, topk_d, out_d = range(6)
+    assert torch.equal(got[topk], want[topk]) and torch.equal(got[topk_d], want[topk_d])
+    for i in (out, dense, out_d):
+        assert_attention_close(got[i], want[i])
+    torch.testing.assert_close(got[lse], want[lse], rtol=0, atol=4e-5)  # as the decode test
+    for g, w in zip(got[6:], want[6:]):  # insertion writes the same bytes on both backends
+        assert torch.equal(g, w)
