@@ -326,14 +326,14 @@ def test_decode_op_lse_and_mxfp8_on_cuda_match_the_cpu():
     assert torch.all((decoded - x).abs() <= x.abs() * 2 ** -4 + scale * 2 ** -10)
 
 
-# Shapes the ops must take from their tensors: MiniMax-M3 whole, one rank of tensor parallelism 4
-# (16 q heads over 1 kv head and 1 index head), and NVFP4 main and index caches (whose scales
-# are tensors of their own), alone and on such a rank.
+# Shapes the ops must take from their tensors: MiniMax-M3 whole, one rank of tensor parallelism 8
+# (8 q heads over 1 kv head and 1 index head, the kv heads replicated), and NVFP4 main and index
+# caches (whose scales are tensors of their own), alone and on such a rank.
 LAYERS = {
     "m3_bf16": (64, 4, 4, "bf16", "bf16"),
-    "tp_rank_bf16": (16, 1, 1, "bf16", "bf16"),
+    "tp8_rank_bf16": (8, 1, 1, "bf16", "bf16"),
     "m3_nvfp4": (64, 4, 4, "nvfp4", "nvfp4"),
-    "tp_rank_nvfp4": (16, 1, 1, "nvfp4", "nvfp4"),
+    "tp8_rank_nvfp4": (8, 1, 1, "nvfp4", "nvfp4"),
 }
 
 
@@ -480,7 +480,7 @@ def test_producer_op_takes_heads_and_nvfp4_scales_from_the_tensors(name):
                           test_utils=("test_schema", "test_faketensor"))
 
 
-@pytest.mark.parametrize("name", ["tp_rank_nvfp4"])
+@pytest.mark.parametrize("name", ["tp8_rank_nvfp4"])
 def test_opcheck_with_rank_heads_and_nvfp4_scales(name):
     layer = Layer(name)
     rows, cu, lens, table, q, iq = layer_batch(layer, 22)
