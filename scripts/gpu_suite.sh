@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds FlashMSA on a machine with an H100/H200 and runs the whole GPU suite: the GPU tests, the
 # CPU, CLI and Python tests (torch tensors included), and (with --sanitize) the GPU tests under compute-sanitizer memcheck, racecheck and
-# initcheck. Logs go to $OUT (the device tool's output folder) or build-gpu/logs.
+# initcheck. Logs go to build-gpu/logs; with $OUT set (the device tool's output folder, which
+# returns at most 8 files) they are also packed into $OUT/logs.tar.gz, the JSON results beside.
 #
 # From the development machine (after scripts/setup.sh, which fills .deps/):
 #   device run, carry [".deps/googletest", ".deps/nanobind", ".deps/include"] (and
@@ -11,12 +12,15 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests),
 # --python (with --quick: also build and run the Python tests), --bench (also run the CUDA
-# benchmark), --reliability (the full reliability run: 10^4 differential cases against the CPU
+# benchmark), --micro (also run the Hopper microbenchmarks, bench/hopper_microbench.cu; needs
+# .deps/cutlass carried), --reliability (the full reliability run: 10^4 differential cases against the CPU
 # backend, a 10^5-step decode-graph soak, 100 bitwise repeats per op; sizes overridable through
-# FLASHMSA_FUZZ_CASES, FLASHMSA_SOAK_STEPS, FLASHMSA_REPEATS, FLASHMSA_FUZZ_SEED). Environment: GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases,
-# SANITIZE_FILTER the tests run under the sanitizers (default: all but the long-row indexer test,
-# which takes minutes under memcheck).
-sanitize=0 quick=0 bench=0 python=0 reliability=0
+# FLASHMSA_FUZZ_CASES, FLASHMSA_SOAK_STEPS, FLASHMSA_REPEATS, FLASHMSA_FUZZ_SEED; the
+# differential runs as FLASHMSA_FUZZ_SHARDS concurrent processes, default 8). Environment:
+# GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases, SANITIZE_FILTER the tests
+# run under the sanitizers (default: all), SANITIZE_TOOLS the tools (default: memcheck racecheck
+# initcheck), SANITIZE_SHARDS the concurrent gtest shards per tool (default 4).
+sanitize=0 quick=0 bench=0 python=0 reliability=0 micro=0
 for arg in "$@"; do
   case $arg in
     --sanitize) sanitize=1 ;;
@@ -24,11 +28,13 @@ for arg in "$@"; do
     --bench) bench=1 ;;
     --python) python=1 ;;
     --reliability) reliability=1 ;;
+    --micro) micro=1 ;;
     *) echo "gpu_suite.sh: unknown option $arg (--sanitize, --quick, --python, --bench," \
-            "--reliability)"; exit 2 ;;
+            "--reliability, --micro)"; exit 2 ;;
   esac
 done
-logs=${OUT:-$root/build-gpu/logs}
+logs=$root/build-gpu/logs
+rm -rf "$logs"
 mkdir -p "$logs"
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$logs/gpu.txt"
@@ -48,6 +54,7 @@ cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1
 targets=()
 [ $quick = 1 ] && targets=(--target flashmsa_gpu_tests)
 [ $quick = 1 ] && [ $bench = 1 ] && targets+=(flashmsa_cuda_bench)
+[ $quick = 1 ] && [ $micro = 1 ] && targets+=(flashmsa_hopper_microbench)
 [ $quick = 1 ] && [ ${#python_args[@]} -gt 0 ] && targets+=(_flashmsa)
 if ! cmake --build build-gpu -j"$(nproc)" "${targets[@]}" >"$logs/build.log" 2>&1; then
   tail -50 "$logs/build.log"
@@ -68,16 +75,54 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
     status=1
   fi
 }
+if [ $micro = 1 ]; then  # before anything else, alone on the GPU
+  run microbench build-gpu/bench/flashmsa_hopper_microbench --json "$logs/microbench.json"
+  cat "$logs/microbench.log"
+fi
 if [ $reliability = 1 ]; then  # the reliability tests run once, below, at their full size
   run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter='-GpuReliability.*'
 else
   run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
 fi
+# Concurrent runs on the one GPU (its many SMs and the 16 cores serve several processes):
+# `start NAME COMMAND...` launches one in the background, `finish` waits for all and records them.
+jobs_names=() jobs_pids=() jobs_start=$SECONDS
+start() {
+  local name=$1
+  shift
+  "$@" >"$logs/$name.log" 2>&1 &
+  jobs_names+=("$name")
+  jobs_pids+=($!)
+}
+finish() {
+  for i in "${!jobs_pids[@]}"; do
+    if wait "${jobs_pids[$i]}"; then
+      summary+=("PASS  ${jobs_names[$i]} (concurrent, $((SECONDS - jobs_start)) s for all)")
+    else
+      summary+=("FAIL  ${jobs_names[$i]}: see ${jobs_names[$i]}.log")
+      tail -30 "$logs/${jobs_names[$i]}.log"
+      status=1
+    fi
+  done
+  jobs_names=() jobs_pids=() jobs_start=$SECONDS
+}
+gpu_tests=build-gpu/tests/cpp/flashmsa_gpu_tests
 if [ $reliability = 1 ]; then
-  run reliability env FLASHMSA_FUZZ_CASES="${FLASHMSA_FUZZ_CASES:-10000}" \
-    FLASHMSA_SOAK_STEPS="${FLASHMSA_SOAK_STEPS:-100000}" FLASHMSA_REPEATS="${FLASHMSA_REPEATS:-100}" \
-    build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter='GpuReliability.*'
-  grep -E "^(differential|soak):" "$logs/reliability.log" || true
+  # The differential cases in FLASHMSA_FUZZ_SHARDS processes at once, each with its own seed (the
+  # CPU backend's side of each case takes most of the time), beside the soak and the repeats.
+  shards=${FLASHMSA_FUZZ_SHARDS:-8}
+  cases=${FLASHMSA_FUZZ_CASES:-10000}
+  seed=${FLASHMSA_FUZZ_SEED:-20261203}
+  for ((i = 0; i < shards; i++)); do
+    start "differential.$i" env FLASHMSA_FUZZ_CASES=$(((cases + shards - 1) / shards)) \
+      FLASHMSA_FUZZ_SEED=$((seed + 7919 * i)) "$gpu_tests" \
+      --gtest_filter=GpuReliability.DifferentialAgainstTheCpuBackend
+  done
+  start reliability env FLASHMSA_SOAK_STEPS="${FLASHMSA_SOAK_STEPS:-100000}" \
+    FLASHMSA_REPEATS="${FLASHMSA_REPEATS:-100}" \
+    "$gpu_tests" --gtest_filter='GpuReliability.*:-GpuReliability.DifferentialAgainstTheCpuBackend'
+  finish
+  grep -h -E "^(differential|soak):" "$logs"/reliability.log "$logs"/differential.*.log || true
 fi
 if [ $quick = 0 ]; then
   run cpu_tests build-gpu/tests/cpp/flashmsa_tests
@@ -91,10 +136,16 @@ if [ ${#python_args[@]} -gt 0 ]; then
   fi
 fi
 if [ $sanitize = 1 ]; then
-  for tool in memcheck racecheck initcheck; do
-    run "sanitizer_$tool" env GTEST_FILTER="${SANITIZE_FILTER:--IndexerGpuLong.*}" \
-      compute-sanitizer --tool "$tool" --error-exitcode 1 build-gpu/tests/cpp/flashmsa_gpu_tests
+  # Each tool over the whole GPU suite, split into SANITIZE_SHARDS gtest shards, all at once.
+  sanitize_shards=${SANITIZE_SHARDS:-4}
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+    for ((i = 0; i < sanitize_shards; i++)); do
+      start "sanitizer_$tool.$i" env GTEST_TOTAL_SHARDS="$sanitize_shards" GTEST_SHARD_INDEX=$i \
+        ${SANITIZE_FILTER:+GTEST_FILTER="$SANITIZE_FILTER"} \
+        compute-sanitizer --tool "$tool" --error-exitcode 1 "$gpu_tests"
+    done
   done
+  finish
 fi
 if [ $bench = 1 ]; then
   # BENCH_FILTER in the environment narrows the benchmark cases (flashmsa_cuda_bench --filter).
@@ -104,5 +155,9 @@ if [ $bench = 1 ]; then
 fi
 grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log 2>/dev/null || true
 tail -n 1 "$logs"/python_tests.log 2>/dev/null || true
-printf '%s\n' "${summary[@]}"
+printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
+if [ -n "${OUT:-}" ]; then
+  tar czf "$OUT/logs.tar.gz" -C "$logs" .
+  cp "$logs"/*.json "$OUT"/ 2>/dev/null || true
+fi
 exit $status

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstring>
 #include <memory>
 #include <vector>
 
@@ -90,6 +91,21 @@ class DeviceMirror {
     for (const Region& r : regions_) {
       FLASHMSA_CHECK_CUDA(cudaMemcpy(const_cast<std::byte*>(r.start), r.device->get(),
                                      static_cast<std::size_t>(r.bytes), cudaMemcpyDeviceToHost));
+    }
+  }
+  // The host bytes of every mirrored region (after upload), and writing such bytes back: a test
+  // that runs an op repeatedly from one starting state restores it with set_host_bytes and
+  // refresh().
+  std::vector<std::byte> host_bytes() const {
+    std::vector<std::byte> bytes;
+    for (const Region& r : regions_) bytes.insert(bytes.end(), r.start, r.start + r.bytes);
+    return bytes;
+  }
+  void set_host_bytes(const std::vector<std::byte>& bytes) const {
+    const std::byte* from = bytes.data();
+    for (const Region& r : regions_) {
+      std::memcpy(const_cast<std::byte*>(r.start), from, static_cast<std::size_t>(r.bytes));
+      from += r.bytes;
     }
   }
   void* device(const void* host) const {

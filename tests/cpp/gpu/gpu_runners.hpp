@@ -123,6 +123,32 @@ inline void run_on_gpu(const AttentionCall& call) {
   m.download();
 }
 
+// A producer call's host views (inputs, caches, outputs) added to `m`, before its upload.
+inline void mirror_producer(DeviceMirror& m, const ProducerInputs& in, const KvCacheView& kv,
+                            const IndexCacheView& ix, const ProducerOutputs& out) {
+  for (const TensorView* t : {&in.qkv_index, &in.q_norm_weight, &in.k_norm_weight,
+                              &in.index_q_norm_weight, &in.index_k_norm_weight, &in.positions,
+                              &in.slot_mapping, &in.index_slot_mapping, &out.q, &out.index_q}) {
+    m.add(*t);
+  }
+  m.add(kv);
+  m.add(ix);
+}
+
+// produce_qkv_index on the device copies of an uploaded mirror_producer mirror; waits for it.
+inline void run_producer_on_device(const DeviceMirror& m, const Config& c, const ProducerInputs& in,
+                                   const KvCacheView& kv, const IndexCacheView& ix,
+                                   const ProducerOutputs& out) {
+  ProducerInputs d = in;
+  for (TensorView* t : {&d.qkv_index, &d.q_norm_weight, &d.k_norm_weight, &d.index_q_norm_weight,
+                        &d.index_k_norm_weight, &d.positions, &d.slot_mapping}) {
+    *t = m.device(*t);
+  }
+  if (in.index_slot_mapping.data) d.index_slot_mapping = m.device(in.index_slot_mapping);
+  produce_qkv_index(c, d, m.device(kv), m.device(ix), {m.device(out.q), m.device(out.index_q)});
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+}
+
 inline const AttentionBackend kGpuBf16P{run_on_gpu, DType::kBf16};
 inline const AttentionBackend kGpuFp16P{run_on_gpu, DType::kFp16};
 

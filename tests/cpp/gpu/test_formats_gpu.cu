@@ -6,11 +6,13 @@
 #include <cuda_fp4.h>
 #include <cuda_fp8.h>
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <vector>
 
 #include "flashmsa/formats.hpp"
+#include "src/cuda/sm90/convert.cuh"
 #include "tests/cpp/format_samples.hpp"
 #include "tests/cpp/gpu/gpu_test_util.cuh"
 
@@ -274,6 +276,97 @@ TEST(FormatsGpu, Nvfp4DeviceMatchesHost) {
     std::uint8_t hp[8];
     ASSERT_EQ(fmt::nvfp4_quantize_group(&x[g * 16], hp), ds[g]) << g;
     for (int i = 0; i < 8; ++i) ASSERT_EQ(hp[i], dp[g * 8 + i]) << g;
+  }
+}
+
+// ---- In-register widening (src/cuda/sm90/convert.cuh): every code, every variant ----
+
+enum Widening { kE4m3F16, kE4m3Bf16Cvt, kE4m3Bf16Bits, kE5m2F16, kE5m2Bf16Bits, kNumWidenings };
+
+// Thread t widens the fp8 word holding codes 4t..4t+3 (mod 256) with every variant: 2 pairs of
+// 16-bit results per variant.
+__global__ void widen_fp8_kernel(std::uint32_t* out) {
+  namespace cv = cuda::convert;
+  const unsigned t = threadIdx.x;
+  const std::uint32_t codes = (4 * t & 255) | ((4 * t + 1) & 255) << 8 | ((4 * t + 2) & 255) << 16 |
+                              ((4 * t + 3) & 255) << 24;
+  std::uint32_t* o = out + t * kNumWidenings * 2;
+  for (int pair = 0; pair < 2; ++pair) {
+    o[kE4m3F16 * 2 + pair] = cv::e4m3x2_to_f16x2(codes, pair);
+    o[kE4m3Bf16Cvt * 2 + pair] = cv::e4m3x2_to_bf16x2_cvt(codes, pair);
+    o[kE4m3Bf16Bits * 2 + pair] = cv::e4m3x2_to_bf16x2_bits(codes, pair);
+    o[kE5m2F16 * 2 + pair] = cv::e5m2x2_to_f16x2(codes, pair);
+    o[kE5m2Bf16Bits * 2 + pair] = cv::e5m2x2_to_bf16x2_bits(codes, pair);
+  }
+}
+
+// Thread t widens the NVFP4 word whose eight nibbles are t, t+1, ..., t+7 (mod 16) both ways.
+__global__ void widen_nvfp4_kernel(std::uint32_t* lut, std::uint32_t* shifted) {
+  std::uint32_t codes = 0;
+  for (unsigned i = 0; i < 8; ++i) codes |= ((threadIdx.x + i) & 15u) << (4 * i);
+  std::uint32_t a[4], b[4];
+  cuda::convert::e2m1x8_to_f16x2_lut(codes, a);
+  cuda::convert::e2m1x8_to_f16x2_scaled_shift(codes, b);
+  for (int i = 0; i < 4; ++i) lut[threadIdx.x * 4 + i] = a[i], shifted[threadIdx.x * 4 + i] = b[i];
+}
+
+// Bit-exact equality of values, NaN equal to NaN (the widenings keep NaN, not its payload).
+bool same_value(float got, float want) {
+  return (std::isnan(got) && std::isnan(want)) ||
+         (got == want && std::signbit(got) == std::signbit(want));
+}
+
+float half_bits_value(std::uint16_t h) {
+  return fmt::fp16_to_float(h);
+}
+
+float bf16_bits_value(std::uint16_t b) {
+  return fmt::bf16_to_float(b);
+}
+
+TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  constexpr int kThreads = 64;  // 256 fp8 codes
+  DeviceBuffer<std::uint32_t> fp8(kThreads * kNumWidenings * 2);
+  widen_fp8_kernel<<<1, kThreads>>>(fp8.get());
+  FLASHMSA_CHECK_LAUNCH();
+  const auto got = fp8.to_host();
+  int checked = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int w = 0; w < kNumWidenings; ++w) {
+      for (int e = 0; e < 4; ++e) {
+        const auto code = static_cast<std::uint8_t>(4 * t + e);
+        const std::uint32_t word = got[(t * kNumWidenings + w) * 2 + e / 2];
+        const auto bits = static_cast<std::uint16_t>(word >> (16 * (e % 2)));
+        const bool e4m3 = w <= kE4m3Bf16Bits, f16 = w == kE4m3F16 || w == kE5m2F16;
+        const float want = e4m3 ? fmt::e4m3_to_float(code) : fmt::e5m2_to_float(code);
+        const float value = f16 ? half_bits_value(bits) : bf16_bits_value(bits);
+        ASSERT_TRUE(same_value(value, want)) << "variant " << w << ", code 0x" << std::hex
+                                             << int(code) << ": " << value << " != " << want;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 256 * kNumWidenings);
+
+  DeviceBuffer<std::uint32_t> lut(16 * 4), shifted(16 * 4);
+  widen_nvfp4_kernel<<<1, 16>>>(lut.get(), shifted.get());
+  FLASHMSA_CHECK_LAUNCH();
+  const auto lut_host = lut.to_host(), shifted_host = shifted.to_host();
+  const int shifted_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // element in each output half
+  for (unsigned t = 0; t < 16; ++t) {
+    for (int h = 0; h < 8; ++h) {
+      const auto lut_bits = static_cast<std::uint16_t>(lut_host[t * 4 + h / 2] >> (16 * (h % 2)));
+      const auto code = static_cast<std::uint8_t>((t + h) & 15);
+      ASSERT_TRUE(same_value(half_bits_value(lut_bits), fmt::e2m1_to_float(code)))
+          << "lut, code " << int(code);
+      const auto shift_bits =
+          static_cast<std::uint16_t>(shifted_host[t * 4 + h / 2] >> (16 * (h % 2)));
+      const auto shift_code = static_cast<std::uint8_t>((t + shifted_order[h]) & 15);
+      ASSERT_TRUE(
+          same_value(half_bits_value(shift_bits) * 16384.0f, fmt::e2m1_to_float(shift_code)))
+          << "scaled shift, code " << int(shift_code);
+    }
   }
 }
 

@@ -26,7 +26,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -36,9 +38,11 @@
 #include "flashmsa/formats.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/attention_checks.hpp"
+#include "tests/cpp/cache_test_util.hpp"
 #include "tests/cpp/gpu/device_scenario.hpp"
 #include "tests/cpp/gpu/gpu_runners.hpp"
 #include "tests/cpp/index_checks.hpp"
+#include "tests/cpp/producer_checks.hpp"
 
 namespace flashmsa {
 namespace {
@@ -289,7 +293,7 @@ TEST(GpuReliability, DifferentialAgainstTheCpuBackend) {
       test::check_attention_output(s, topk, k, f.out_dtype, g.out, g.lse, gpu.probabilities);
       ++oracle_checks;
     }
-    if ((i + 1) % 1000 == 0) {
+    if ((i + 1) % 200 == 0) {
       std::printf("differential: %lld cases passed so far\n", static_cast<long long>(i + 1));
       std::fflush(stdout);
     }
@@ -443,6 +447,98 @@ TEST(GpuReliability, EveryOpRepeatsBitForBit) {
             run_attention(*s, first.topk, k, DType::kBf16, test::kGpuBf16P.run, true);
         ASSERT_EQ(dense.out, first_dense.out) << "dense attention repeat " << i;
       }
+    }
+  }
+}
+
+// Runs `op` on the device copies of an uploaded mirror `repeats` times, each from the same
+// starting bytes; every run must leave the same bytes in every mirrored region, and change some.
+void expect_repeats_bit_for_bit(const test::DeviceMirror& m, std::int64_t repeats,
+                                const std::function<void()>& op) {
+  const std::vector<std::byte> start = m.host_bytes();
+  std::vector<std::byte> first;
+  for (std::int64_t i = 0; i < repeats; ++i) {
+    m.set_host_bytes(start);
+    m.refresh();
+    op();
+    FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+    m.download();
+    if (i == 0) {
+      first = m.host_bytes();
+      ASSERT_NE(first, start) << "the op wrote nothing";
+    } else {
+      ASSERT_TRUE(m.host_bytes() == first) << "repeat " << i << " differs from the first run";
+    }
+  }
+}
+
+// The producer's repeats, under the producer test's own check of the last run (fp64 oracle,
+// bytes outside the write set unchanged).
+TEST(GpuReliability, ProducerRepeatsBitForBit) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const std::int64_t repeats = env_count("FLASHMSA_REPEATS", 5);
+  for (const test::ProducerCase& pc : test::producer_cases()) {
+    SCOPED_TRACE(pc.name);
+    test::check_producer_case(
+        pc, [&](const Config& c, const ProducerInputs& in, const KvCacheView& kv,
+                const IndexCacheView& ix, const ProducerOutputs& out) {
+          test::DeviceMirror m;
+          test::mirror_producer(m, in, kv, ix, out);
+          m.upload();
+          expect_repeats_bit_for_bit(m, repeats,
+                                     [&] { test::run_producer_on_device(m, c, in, kv, ix, out); });
+        });
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// insert_kv for every cache dtype and layout and insert_index_k for every index dtype: bf16 rows
+// at scattered slots, a padding slot and one beyond the capacity among them.
+TEST(GpuReliability, InsertsRepeatBitForBit) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const std::int64_t repeats = env_count("FLASHMSA_REPEATS", 5);
+  const KvCacheShape shape{5, 4, 128, 128};
+  const std::int64_t T = 200, capacity = shape.num_pages * shape.page_size;
+  std::mt19937_64 rng(31);
+  std::normal_distribution<float> normal;
+  std::vector<std::uint16_t> rows(static_cast<std::size_t>(T * 4 * 128 * 2));
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    rows[i] = fmt::float_to_bf16(normal(rng) * std::exp2(static_cast<float>(i % 9) - 4.0f));
+  }
+  std::vector<std::int64_t> slots(static_cast<std::size_t>(capacity));
+  std::iota(slots.begin(), slots.end(), 0);
+  std::shuffle(slots.begin(), slots.end(), rng);
+  slots.resize(static_cast<std::size_t>(T));
+  slots[3] = -1;
+  slots[7] = capacity + 5;
+  const TensorView k = TensorView::contiguous(rows.data(), DType::kBf16, {T, 4, 128});
+  const TensorView v = TensorView::contiguous(rows.data() + T * 4 * 128, DType::kBf16, {T, 4, 128});
+  const TensorView index_k = TensorView::contiguous(rows.data(), DType::kBf16, {T, 128});
+  const TensorView slot_view = TensorView::contiguous(slots.data(), DType::kInt64, {T});
+  const DType index_dtypes[] = {DType::kBf16, DType::kFp8E4m3, DType::kNvfp4};
+  int variant = 0;
+  for (DType dtype :
+       {DType::kBf16, DType::kFp16, DType::kFp8E4m3, DType::kFp8E5m2, DType::kNvfp4}) {
+    for (KvLayout layout :
+         {KvLayout::kPacked, KvLayout::kSeparate, KvLayout::kStacked, KvLayout::kTokenMajor}) {
+      const DType index_dtype = index_dtypes[variant++ % 3];
+      SCOPED_TRACE(::testing::Message() << to_string(dtype) << " layout " << int(layout) << ", "
+                                        << to_string(index_dtype) << " index");
+      test::RandomCaches caches(layout, shape, dtype, index_dtype, 128, 7);
+      caches.kv.k_scale = 0.5f;
+      caches.kv.v_scale = 2.0f;
+      test::DeviceMirror m;
+      for (const TensorView* t : {&k, &v, &slot_view}) m.add(*t);
+      m.add(caches.kv);
+      m.add(caches.ix);
+      m.upload();
+      const KvCacheView kv = m.device(caches.kv);
+      const IndexCacheView ix = m.device(caches.ix);
+      expect_repeats_bit_for_bit(
+          m, repeats, [&] { insert_kv(kv, m.device(k), m.device(v), m.device(slot_view)); });
+      expect_repeats_bit_for_bit(
+          m, repeats, [&] { insert_index_k(ix, m.device(index_k), m.device(slot_view)); });
+      if (::testing::Test::HasFailure()) return;
     }
   }
 }

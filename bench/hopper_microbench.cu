@@ -1,0 +1,567 @@
+// flashmsa_hopper_microbench: the H200 measurements the Hopper kernel designs rest on (issue 19),
+// written to docs/performance.md. Each section answers one design question:
+//   l2       L2 read bandwidth for working sets under 50 MB (what a re-read page costs)
+//   hbm      HBM read with plain loads, cp.async rings and TMA bulk copies at several bytes in
+//            flight per SM (how deep a page pipeline must be to stream at the limit)
+//   launch   a CUDA graph of 1..16 dependent empty kernels, with and without programmatic
+//            dependent launch (the fixed cost of each extra kernel in a decode step)
+//   wgmma    bf16 and fp8 wgmma throughput from shared memory, M 64 x N 128/256 x K 128, in a
+//            minimal CuTe mainloop, one and two warpgroups per SM
+//   convert  in-register widening of fp8 and NVFP4 codes (src/cuda/sm90/convert.cuh), elements
+//            per clock per SM, against what streaming the cache at the HBM limit needs
+// Usage: flashmsa_hopper_microbench [--json FILE] [--only SECTION]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <cute/arch/mma_sm90_gmma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/tensor.hpp>
+#include <nlohmann/json.hpp>
+
+#include "src/cuda/sm90/convert.cuh"
+
+namespace {
+
+#define CHECK(call)                                                                               \
+  do {                                                                                            \
+    const cudaError_t e_ = (call);                                                                \
+    if (e_ != cudaSuccess) {                                                                      \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                               \
+    }                                                                                             \
+  } while (0)
+
+int g_sms = 0;
+double g_clock_ghz = 0;
+nlohmann::json g_results = nlohmann::json::array();
+
+// Median over `trials` of the time of `reps` calls of `launch`, in microseconds per call.
+double time_us(const std::function<void()>& launch, int reps, int trials = 7) {
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  launch();  // warm-up
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<double> t;
+  for (int i = 0; i < trials; ++i) {
+    CHECK(cudaEventRecord(a));
+    for (int r = 0; r < reps; ++r) launch();
+    CHECK(cudaEventRecord(b));
+    CHECK(cudaEventSynchronize(b));
+    CHECK(cudaGetLastError());
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(1e3 * ms / reps);
+  }
+  CHECK(cudaEventDestroy(a));
+  CHECK(cudaEventDestroy(b));
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+void record(const std::string& section, const std::string& name, double value,
+            const std::string& unit, nlohmann::json extra = nlohmann::json::object()) {
+  std::printf("%-8s %-58s %10.3f %s\n", section.c_str(), name.c_str(), value, unit.c_str());
+  extra["section"] = section;
+  extra["name"] = name;
+  extra["value"] = value;
+  extra["unit"] = unit;
+  g_results.push_back(extra);
+}
+
+__device__ __forceinline__ std::uint32_t fold(uint4 v) {
+  return v.x ^ v.y ^ v.z ^ v.w;
+}
+
+// The sink is written only when a checksum hits a value random data essentially never gives;
+// the compiler cannot know that, so every load and conversion stays.
+constexpr std::uint32_t kNever = 0x9E3779B9u;
+
+// ---- L2 ----
+
+__global__ void l2_read_kernel(const uint4* __restrict__ p, std::size_t n, int passes,
+                               std::uint32_t* sink) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  std::uint32_t acc = 0;
+  for (int pass = 0; pass < passes; ++pass) {
+    std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      const uint4 a = __ldcg(p + i), b = __ldcg(p + i + stride), c = __ldcg(p + i + 2 * stride),
+                  d = __ldcg(p + i + 3 * stride);
+      acc ^= fold(a) ^ fold(b) ^ fold(c) ^ fold(d);
+    }
+    for (; i < n; i += stride) acc ^= fold(__ldcg(p + i));
+  }
+  if (acc == kNever) sink[0] = acc;
+}
+
+void bench_l2(const std::uint8_t* buffer, std::uint32_t* sink) {
+  for (int mb : {4, 8, 16, 24, 32, 40, 48}) {
+    const std::size_t n = std::size_t(mb) << 20 >> 4;
+    const int passes = 20;
+    const double us = time_us(
+        [&] {
+          l2_read_kernel<<<g_sms * 4, 512>>>(reinterpret_cast<const uint4*>(buffer), n, passes,
+                                             sink);
+        },
+        3);
+    record("l2", "read, working set " + std::to_string(mb) + " MB, 16-byte ld.global.cg",
+           double(n) * 16 * passes / us * 1e-6, "TB/s", {{"working_set_mb", mb}});
+  }
+}
+
+// ---- HBM: plain loads, cp.async rings, TMA bulk copies ----
+
+template <int kUnroll>
+__global__ void hbm_plain_kernel(const uint4* __restrict__ p, std::size_t n, std::uint32_t* sink) {
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x * kUnroll;
+  std::uint32_t acc = 0;
+  for (std::size_t base = std::size_t(blockIdx.x) * blockDim.x * kUnroll + threadIdx.x; base < n;
+       base += stride) {
+    uint4 v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) v[u] = __ldcs(p + base + u * blockDim.x);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) acc ^= fold(v[u]);
+  }
+  if (acc == kNever) sink[0] = acc;
+}
+
+__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
+  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// One CTA per SM, 256 threads; a ring of kStages 16 KB stages, each thread copying 4 x 16 bytes
+// per stage; consuming a stage reads one word per thread.
+constexpr int kCpAsyncThreads = 256, kStageBytes = 16384;
+
+template <int kStages>
+__global__ void __launch_bounds__(kCpAsyncThreads, 1)
+    hbm_cp_async_kernel(const std::uint8_t* __restrict__ p, std::size_t bytes,
+                        std::uint32_t* sink) {
+  extern __shared__ __align__(128) std::uint8_t ring[];
+  const std::size_t chunks = bytes / kStageBytes;
+  auto issue = [&](std::size_t chunk, int slot) {
+    if (chunk < chunks) {
+#pragma unroll
+      for (int i = 0; i < kStageBytes / 16 / kCpAsyncThreads; ++i) {
+        const int off = (i * kCpAsyncThreads + threadIdx.x) * 16;
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
+                         smem_u32(ring + slot * kStageBytes + off)),
+                     "l"(p + chunk * kStageBytes + off));
+      }
+    }
+    asm volatile("cp.async.commit_group;");
+  };
+  for (int s = 0; s < kStages; ++s) issue(blockIdx.x + std::size_t(s) * gridDim.x, s);
+  std::uint32_t acc = 0;
+  for (std::size_t k = 0;; ++k) {
+    const std::size_t chunk = blockIdx.x + k * gridDim.x;
+    if (chunk >= chunks) break;
+    const int slot = static_cast<int>(k % kStages);
+    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1));
+    __syncthreads();
+    acc ^= reinterpret_cast<const std::uint32_t*>(ring + slot * kStageBytes)[threadIdx.x];
+    __syncthreads();
+    issue(chunk + std::size_t(kStages) * gridDim.x, slot);
+  }
+  asm volatile("cp.async.wait_all;");
+  if (acc == kNever) sink[0] = acc;
+}
+
+// One CTA per SM, 128 threads; thread 0 keeps kStages bulk copies of kChunk bytes in flight, each
+// completing on its stage's mbarrier; every thread waits for a stage and reads one word of it.
+template <int kStages, int kChunk>
+__global__ void __launch_bounds__(128, 1)
+    hbm_bulk_kernel(const std::uint8_t* __restrict__ p, std::size_t bytes, std::uint32_t* sink) {
+  extern __shared__ __align__(128) std::uint8_t ring[];
+  __shared__ __align__(8) std::uint64_t full[kStages];
+  const std::size_t chunks = bytes / kChunk;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](std::size_t chunk, int slot) {
+    if (chunk >= chunks) return;
+    asm volatile(
+        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[slot])),
+        "r"(kChunk)
+        : "memory");
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(smem_u32(ring + slot * kChunk)),
+        "l"(p + chunk * kChunk), "r"(kChunk), "r"(smem_u32(&full[slot]))
+        : "memory");
+  };
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) issue(blockIdx.x + std::size_t(s) * gridDim.x, s);
+  }
+  std::uint32_t acc = 0;
+  for (std::size_t k = 0;; ++k) {
+    const std::size_t chunk = blockIdx.x + k * gridDim.x;
+    if (chunk >= chunks) break;
+    const int slot = static_cast<int>(k % kStages);
+    const std::uint32_t parity = static_cast<std::uint32_t>(k / kStages) & 1;
+    asm volatile(
+        "{\n .reg .pred done;\n wait:\n"
+        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra wait;\n}" ::"r"(smem_u32(&full[slot])),
+        "r"(parity)
+        : "memory");
+    acc ^= reinterpret_cast<const std::uint32_t*>(ring + slot * kChunk)[threadIdx.x];
+    __syncthreads();  // every thread is done with the slot before it is refilled
+    if (threadIdx.x == 0) issue(chunk + std::size_t(kStages) * gridDim.x, slot);
+  }
+  if (acc == kNever) sink[0] = acc;
+}
+
+template <class Kernel>
+void set_smem(Kernel kernel, int bytes) {
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+}
+
+void bench_hbm(const std::uint8_t* buffer, std::size_t bytes, std::uint32_t* sink) {
+  const auto* v = reinterpret_cast<const uint4*>(buffer);
+  const std::size_t n = bytes / 16;
+  auto report = [&](const std::string& method, int in_flight_kb, double us,
+                    const std::string& how) {
+    record("hbm",
+           method + ", " + std::to_string(in_flight_kb) + " KB in flight per SM (" + how + ")",
+           double(bytes) / us * 1e-6, "TB/s", {{"method", method}, {"kb_in_flight", in_flight_kb}});
+  };
+  auto plain = [&](auto kernel, int unroll, int threads_per_sm) {
+    const int blocks = g_sms * threads_per_sm / 256;
+    report("plain loads", threads_per_sm * unroll * 16 / 1024,
+           time_us([&] { kernel<<<blocks, 256>>>(v, n, sink); }, 3),
+           std::to_string(threads_per_sm) + " threads/SM x " + std::to_string(unroll) + " x 16 B");
+  };
+  for (int threads : {256, 512, 1024, 2048}) {
+    plain(hbm_plain_kernel<1>, 1, threads);
+    plain(hbm_plain_kernel<2>, 2, threads);
+    plain(hbm_plain_kernel<4>, 4, threads);
+    if (threads <= 1024) plain(hbm_plain_kernel<8>, 8, threads);
+  }
+  auto cp_async = [&](auto kernel, int stages) {
+    const int smem = stages * kStageBytes;
+    set_smem(kernel, smem);
+    report("cp.async ring", stages * kStageBytes / 1024,
+           time_us([&] { kernel<<<g_sms, kCpAsyncThreads, smem>>>(buffer, bytes, sink); }, 3),
+           std::to_string(stages) + " stages x 16 KB, 1 CTA/SM");
+  };
+  cp_async(hbm_cp_async_kernel<2>, 2);
+  cp_async(hbm_cp_async_kernel<4>, 4);
+  cp_async(hbm_cp_async_kernel<6>, 6);
+  cp_async(hbm_cp_async_kernel<8>, 8);
+  cp_async(hbm_cp_async_kernel<12>, 12);
+  auto bulk = [&](auto kernel, int stages, int chunk) {
+    const int smem = stages * chunk;
+    set_smem(kernel, smem);
+    report("TMA bulk copy", smem / 1024,
+           time_us([&] { kernel<<<g_sms, 128, smem>>>(buffer, bytes, sink); }, 3),
+           std::to_string(stages) + " x " + std::to_string(chunk / 1024) + " KB, 1 CTA/SM");
+  };
+  bulk(hbm_bulk_kernel<2, 8192>, 2, 8192);
+  bulk(hbm_bulk_kernel<4, 8192>, 4, 8192);
+  bulk(hbm_bulk_kernel<2, 16384>, 2, 16384);
+  bulk(hbm_bulk_kernel<4, 16384>, 4, 16384);
+  bulk(hbm_bulk_kernel<6, 16384>, 6, 16384);
+  bulk(hbm_bulk_kernel<8, 16384>, 8, 16384);
+  bulk(hbm_bulk_kernel<4, 32768>, 4, 32768);
+  bulk(hbm_bulk_kernel<6, 32768>, 6, 32768);
+}
+
+// ---- Launch latency ----
+
+__global__ void empty_kernel(int pdl) {
+  if (pdl) {
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+  }
+}
+
+void bench_launch() {
+  cudaStream_t stream;
+  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int pdl = 0; pdl < 2; ++pdl) {
+    for (int kernels : {1, 2, 4, 8, 16}) {
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      for (int i = 0; i < kernels; ++i) {
+        cudaLaunchConfig_t config = {};
+        config.gridDim = dim3(1);
+        config.blockDim = dim3(32);
+        config.stream = stream;
+        cudaLaunchAttribute attribute[1];
+        attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attribute[0].val.programmaticStreamSerializationAllowed = 1;
+        config.attrs = attribute;
+        config.numAttrs = pdl && i > 0 ? 1 : 0;
+        CHECK(cudaLaunchKernelEx(&config, empty_kernel, pdl));
+      }
+      CHECK(cudaStreamEndCapture(stream, &graph));
+      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      // Event to event around one replay: what a step of a serving loop waits for.
+      cudaEvent_t a, b;
+      CHECK(cudaEventCreate(&a));
+      CHECK(cudaEventCreate(&b));
+      std::vector<double> t;
+      for (int r = 0; r < 300; ++r) {
+        CHECK(cudaEventRecord(a, stream));
+        CHECK(cudaGraphLaunch(exec, stream));
+        CHECK(cudaEventRecord(b, stream));
+        CHECK(cudaEventSynchronize(b));
+        float ms;
+        CHECK(cudaEventElapsedTime(&ms, a, b));
+        if (r >= 20) t.push_back(1e3 * ms);
+      }
+      std::sort(t.begin(), t.end());
+      record("launch",
+             "graph of " + std::to_string(kernels) + " dependent empty kernels" +
+                 (pdl ? ", programmatic dependent launch" : ""),
+             t[t.size() / 2], "us", {{"kernels", kernels}, {"pdl", pdl == 1}});
+      CHECK(cudaEventDestroy(a));
+      CHECK(cudaEventDestroy(b));
+      CHECK(cudaGraphExecDestroy(exec));
+      CHECK(cudaGraphDestroy(graph));
+    }
+  }
+  CHECK(cudaStreamDestroy(stream));
+}
+
+// ---- wgmma throughput (CuTe) ----
+
+// kWarpGroups warpgroups per CTA, one CTA per SM; each multiplies its own 64 x 128 A tile by the
+// CTA's N x 128 B tile (K-major, 128-byte swizzle, both from shared memory) `iters` times into
+// registers, waiting for each K = 128 batch (the accumulators chain the batches anyway).
+template <class Atom, class Element, int kN, int kWarpGroups>
+__global__ void __launch_bounds__(128 * kWarpGroups, 1) wgmma_kernel(int iters, float* sink) {
+  using namespace cute;
+  constexpr int kM = 64, kK = 128;
+  auto sA_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kM>, Int<kK>>{});
+  auto sB_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<Int<kN>, Int<kK>>{});
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  auto* a_base = reinterpret_cast<Element*>(smem);
+  auto* b_base = a_base + kWarpGroups * cosize(sA_layout);
+  const int total = kWarpGroups * cosize(sA_layout) + cosize(sB_layout);
+  auto* bytes = reinterpret_cast<std::uint8_t*>(a_base);
+  for (int i = threadIdx.x; i < total * int(sizeof(Element)); i += blockDim.x) {
+    // Small finite values of either type: a hash into exponent-limited bit patterns.
+    const std::uint32_t h = (i * 2654435761u) >> 13;
+    bytes[i] =
+        static_cast<std::uint8_t>(sizeof(Element) == 2 && (i & 1) ? 0x3C | (h & 0x83) : (h & 0xB7));
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores -> wgmma reads
+  __syncthreads();
+  const int wg = threadIdx.x / 128;
+  Tensor sA = make_tensor(make_smem_ptr(a_base + wg * cosize(sA_layout)), sA_layout);
+  Tensor sB = make_tensor(make_smem_ptr(b_base), sB_layout);
+  TiledMMA mma = make_tiled_mma(Atom{});
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor tCrA = thr.make_fragment_A(thr.partition_A(sA));
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kM>, Int<kN>>{});
+  clear(acc);
+  for (int it = 0; it < iters; ++it) {
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tCrA); ++k) gemm(mma, tCrA(_, _, k), tCrB(_, _, k), acc);
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(acc);
+  }
+  float s = 0;
+  for (int i = 0; i < size(acc); ++i) s += acc(i);
+  if (s == 1.2345f) sink[0] = s;
+}
+
+template <class Atom, class Element, int kN, int kWarpGroups>
+void wgmma_case(const char* type, float* sink) {
+  auto kernel = wgmma_kernel<Atom, Element, kN, kWarpGroups>;
+  const int smem = (kWarpGroups * 64 + kN) * 128 * int(sizeof(Element));
+  set_smem(kernel, smem);
+  const int iters = 4096;
+  const double us = time_us([&] { kernel<<<g_sms, 128 * kWarpGroups, smem>>>(iters, sink); }, 3);
+  const double flops = 2.0 * 64 * kN * 128 * iters * kWarpGroups * g_sms;
+  record("wgmma",
+         std::string(type) + " M64 x N" + std::to_string(kN) + " x K128 from smem, " +
+             std::to_string(kWarpGroups) + " warpgroup" + (kWarpGroups > 1 ? "s" : "") + "/SM",
+         flops / us * 1e-6, "TFLOP/s", {{"type", type}, {"n", kN}, {"warpgroups", kWarpGroups}});
+}
+
+void bench_wgmma(float* sink) {
+  using namespace cute;
+  using Bf16_128 = SM90_64x128x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using Bf16_256 = SM90_64x256x16_F32BF16BF16_SS<GMMA::Major::K, GMMA::Major::K>;
+  using Fp8_128 = SM90_64x128x32_F32E4M3E4M3_SS_TN<>;
+  using Fp8_256 = SM90_64x256x32_F32E4M3E4M3_SS_TN<>;
+  wgmma_case<Bf16_128, bfloat16_t, 128, 1>("bf16", sink);
+  wgmma_case<Bf16_128, bfloat16_t, 128, 2>("bf16", sink);
+  wgmma_case<Bf16_256, bfloat16_t, 256, 1>("bf16", sink);
+  wgmma_case<Bf16_256, bfloat16_t, 256, 2>("bf16", sink);
+  wgmma_case<Fp8_128, float_e4m3_t, 128, 1>("fp8 e4m3", sink);
+  wgmma_case<Fp8_128, float_e4m3_t, 128, 2>("fp8 e4m3", sink);
+  wgmma_case<Fp8_256, float_e4m3_t, 256, 1>("fp8 e4m3", sink);
+  wgmma_case<Fp8_256, float_e4m3_t, 256, 2>("fp8 e4m3", sink);
+}
+
+// ---- In-register conversions ----
+
+enum class Widen {
+  kBaseline,
+  kE4m3F16,
+  kE4m3Bf16Cvt,
+  kE4m3Bf16Bits,
+  kE5m2F16,
+  kE5m2Bf16Bits,
+  kNvfp4F16Lut,
+  kNvfp4F16ScaledShift
+};
+
+// Each thread widens 8 words of codes `iters` times; the words rotate by a byte each round and
+// the results fold into a checksum (the "baseline" variant does only that bookkeeping, so its
+// cost can be taken off).
+template <Widen kWiden>
+__global__ void __launch_bounds__(256)
+    convert_kernel(const std::uint32_t* codes, int iters, std::uint32_t* sink) {
+  namespace cv = flashmsa::cuda::convert;
+  std::uint32_t c[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j) c[j] = codes[(blockIdx.x * blockDim.x + threadIdx.x) * 8 + j];
+  std::uint32_t acc = 0;
+  for (int it = 0; it < iters; ++it) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      if constexpr (kWiden == Widen::kBaseline) {
+        acc ^= c[j];
+      } else if constexpr (kWiden == Widen::kE4m3F16) {
+        acc ^= cv::e4m3x2_to_f16x2(c[j], 0) ^ cv::e4m3x2_to_f16x2(c[j], 1);
+      } else if constexpr (kWiden == Widen::kE4m3Bf16Cvt) {
+        acc ^= cv::e4m3x2_to_bf16x2_cvt(c[j], 0) ^ cv::e4m3x2_to_bf16x2_cvt(c[j], 1);
+      } else if constexpr (kWiden == Widen::kE4m3Bf16Bits) {
+        acc ^= cv::e4m3x2_to_bf16x2_bits(c[j], 0) ^ cv::e4m3x2_to_bf16x2_bits(c[j], 1);
+      } else if constexpr (kWiden == Widen::kE5m2F16) {
+        acc ^= cv::e5m2x2_to_f16x2(c[j], 0) ^ cv::e5m2x2_to_f16x2(c[j], 1);
+      } else if constexpr (kWiden == Widen::kE5m2Bf16Bits) {
+        acc ^= cv::e5m2x2_to_bf16x2_bits(c[j], 0) ^ cv::e5m2x2_to_bf16x2_bits(c[j], 1);
+      } else {
+        std::uint32_t o[4];
+        if constexpr (kWiden == Widen::kNvfp4F16Lut) {
+          cv::e2m1x8_to_f16x2_lut(c[j], o);
+        } else {
+          cv::e2m1x8_to_f16x2_scaled_shift(c[j], o);
+        }
+        acc ^= o[0] ^ o[1] ^ o[2] ^ o[3];
+      }
+      c[j] = __byte_perm(c[j], c[j], 0x0321);  // next round: other codes in each position
+    }
+  }
+  if (acc == kNever) sink[0] = acc;
+}
+
+void bench_convert(const std::uint8_t* random, std::uint32_t* sink) {
+  const auto* codes = reinterpret_cast<const std::uint32_t*>(random);
+  const int blocks = g_sms * 8, iters = 4096;
+  const double words = double(blocks) * 256 * 8 * iters;
+  auto per_clock_per_sm = [&](double us, double elements) {
+    return elements / (us * 1e-6) / g_sms / (g_clock_ghz * 1e9);
+  };
+  const double base_us =
+      time_us([&] { convert_kernel<Widen::kBaseline><<<blocks, 256>>>(codes, iters, sink); }, 3);
+  record("convert", "bookkeeping alone (rotate + xor per word)", per_clock_per_sm(base_us, words),
+         "words/clk/SM");
+  auto run = [&](auto kernel, const char* name, int elements_per_word, const char* need) {
+    const double us = time_us([&] { kernel<<<blocks, 256>>>(codes, iters, sink); }, 3);
+    const double elements = words * elements_per_word;
+    record("convert", name, per_clock_per_sm(us, elements), "elem/clk/SM",
+           {{"net_elem_per_clk_per_sm", per_clock_per_sm(us - base_us, elements)},
+            {"needed_at_hbm_rate", need}});
+  };
+  // Elements per clock per SM that streaming the cache at 4.35 TB/s needs: fp8 one byte per
+  // element, NVFP4 two elements per byte (plus its scales).
+  run(convert_kernel<Widen::kE4m3F16>, "E4M3 -> f16x2, cvt (F2FP)", 4, "fp8");
+  run(convert_kernel<Widen::kE4m3Bf16Cvt>, "E4M3 -> bf16x2, cvt via f16 and f32", 4, "fp8");
+  run(convert_kernel<Widen::kE4m3Bf16Bits>, "E4M3 -> bf16x2, bits + mul 2^120 + NaN mask", 4,
+      "fp8");
+  run(convert_kernel<Widen::kE5m2F16>, "E5M2 -> f16x2, byte permute", 4, "fp8");
+  run(convert_kernel<Widen::kE5m2Bf16Bits>, "E5M2 -> bf16x2, bits + mul 2^112 + Inf/NaN mask", 4,
+      "fp8");
+  run(convert_kernel<Widen::kNvfp4F16Lut>, "NVFP4 E2M1 -> f16x2, prmt lookup + signs", 8, "nvfp4");
+  run(convert_kernel<Widen::kNvfp4F16ScaledShift>,
+      "NVFP4 E2M1 -> f16x2 * 2^-14, shifts (k order permuted)", 8, "nvfp4");
+}
+
+__global__ void fill_random_kernel(std::uint32_t* p, std::size_t n) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull;
+    x ^= x >> 31;
+    x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 29;
+    p[i] = static_cast<std::uint32_t>(x);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::string json_path, only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if ((a == "--json" || a == "--only") && i + 1 < argc) {
+      (a == "--json" ? json_path : only) = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: %s [--json FILE] [--only l2|hbm|launch|wgmma|convert]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  int clock_khz = 0;
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  g_sms = prop.multiProcessorCount;
+  g_clock_ghz = clock_khz * 1e-6;
+  std::printf("%s, %d SMs, %.2f GHz nominal clock, %.0f MB L2\n", prop.name, g_sms, g_clock_ghz,
+              prop.l2CacheSize / 1048576.0);
+  if (prop.major != 9) {
+    std::fprintf(stderr, "needs a Hopper GPU (sm_90), found sm_%d%d\n", prop.major, prop.minor);
+    return 1;
+  }
+  const std::size_t bytes = std::size_t(4) << 30;  // beyond the L2 many times over
+  std::uint8_t* buffer;
+  std::uint32_t* sink;
+  CHECK(cudaMalloc(&buffer, bytes));
+  CHECK(cudaMalloc(&sink, 64));
+  fill_random_kernel<<<g_sms * 8, 256>>>(reinterpret_cast<std::uint32_t*>(buffer), bytes / 4);
+  CHECK(cudaGetLastError());
+  auto want = [&](const char* section) { return only.empty() || only == section; };
+  if (want("l2")) bench_l2(buffer, sink);
+  if (want("hbm")) bench_hbm(buffer, bytes, sink);
+  if (want("launch")) bench_launch();
+  if (want("wgmma")) bench_wgmma(reinterpret_cast<float*>(sink));
+  if (want("convert")) bench_convert(buffer, sink);
+  CHECK(cudaDeviceSynchronize());
+  if (!json_path.empty()) {
+    nlohmann::json doc = {
+        {"device", prop.name}, {"sms", g_sms}, {"clock_ghz", g_clock_ghz}, {"results", g_results}};
+    std::ofstream(json_path) << doc.dump(2) << "\n";
+  }
+  CHECK(cudaFree(buffer));
+  CHECK(cudaFree(sink));
+  return 0;
+}

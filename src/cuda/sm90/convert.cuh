@@ -1,0 +1,115 @@
+// In-register widening of packed cache codes to 16-bit tensor-core operands: the candidate
+// sequences for the decode and prefill rewrites (the "in-register dequant" of the Hopper issues),
+// every one exact for every code, NaN and Inf included. Their throughput per SM is measured by
+// bench/hopper_microbench.cu (docs/performance.md); tests/cpp/gpu/test_formats_gpu.cu checks each
+// against the host decoders over all codes.
+//
+// Codes arrive as they sit in the cache: four fp8 codes or eight NVFP4 codes per 32-bit word,
+// element 0 in the lowest byte (NVFP4: the low nibble). Outputs are packed pairs, element 2i in
+// the low half.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace flashmsa::cuda::convert {
+
+__device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
+  std::uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
+}
+
+// Each fp8 code of a pair moved to the high byte of its 16-bit half: bytes (0, 1) or (2, 3).
+__device__ __forceinline__ std::uint32_t fp8_pair_high_bytes(std::uint32_t codes, int pair) {
+  return prmt(codes, 0, pair == 0 ? 0x1404u : 0x3424u);
+}
+
+__device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+}
+
+// ---- E4M3 ----
+
+// The hardware conversion (F2FP): codes pair 0 or 1 of the word to f16x2.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t codes, int pair) {
+  const auto two = static_cast<std::uint16_t>(codes >> (16 * pair));
+  std::uint32_t r;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(two));
+  return r;
+}
+
+// To bf16x2 through the hardware f16 conversion and fp32 (cvt): exact, every value of E4M3 is a
+// bf16 value.
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_cvt(std::uint32_t codes, int pair) {
+  const std::uint32_t h = e4m3x2_to_f16x2(codes, pair);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const std::uint32_t*>(&b);
+}
+
+// To bf16x2 by moving bits: sign to bit 15, exponent and mantissa to bits 10..4, which reads as
+// the bf16 of value * 2^-120 (subnormal codes included); one bf16 multiply by 2^120 restores the
+// value exactly. The NaN codes (S.1111.111) would read as 480: one compare marks them and the
+// exponent field is set to all ones (mantissa non-zero: NaN).
+__device__ __forceinline__ std::uint32_t e4m3x2_to_bf16x2_bits(std::uint32_t codes, int pair) {
+  const std::uint32_t u = fp8_pair_high_bytes(codes, pair);  // code << 8 in each half
+  const std::uint32_t moved = (u & 0x80008000u) | ((u >> 4) & 0x07F007F0u);
+  const std::uint32_t r = bf16x2_mul(moved, 0x7B807B80u);  // 2^120 in each half
+  const std::uint32_t nan = __vcmpeq2(u & 0x7F007F00u, 0x7F007F00u);
+  return r | (nan & 0x7F807F80u);
+}
+
+// ---- E5M2 ----
+
+// An E5M2 code is the high byte of the f16 of its value: one byte permute per pair.
+__device__ __forceinline__ std::uint32_t e5m2x2_to_f16x2(std::uint32_t codes, int pair) {
+  return fp8_pair_high_bytes(codes, pair);
+}
+
+// To bf16x2 by moving bits (exponent and mantissa to bits 11..5, times 2^112); Inf and NaN codes
+// (exponent 31) get the exponent field all ones, keeping their mantissa (zero: Inf).
+__device__ __forceinline__ std::uint32_t e5m2x2_to_bf16x2_bits(std::uint32_t codes, int pair) {
+  const std::uint32_t u = fp8_pair_high_bytes(codes, pair);
+  const std::uint32_t moved = (u & 0x80008000u) | ((u >> 3) & 0x0FE00FE0u);
+  const std::uint32_t r = bf16x2_mul(moved, 0x77807780u);  // 2^112 in each half
+  const std::uint32_t special = __vcmpeq2(u & 0x7C007C00u, 0x7C007C00u);
+  return r | (special & 0x7F807F80u);
+}
+
+// ---- NVFP4 (E2M1 codes; the E4M3 block scale is applied by the caller) ----
+
+// Eight codes to four f16x2 by a byte-permute lookup of each magnitude's f16 high byte (0, 0.5,
+// 1, 1.5, 2, 3, 4, 6; their low bytes are zero), the signs shifted in. Natural element order.
+__device__ __forceinline__ void e2m1x8_to_f16x2_lut(std::uint32_t codes, std::uint32_t (&out)[4]) {
+  constexpr std::uint32_t kLo = 0x3E3C3800u, kHi = 0x46444240u;  // high bytes of |value| 0..7
+  const std::uint32_t mags = codes & 0x77777777u;
+  const std::uint32_t high[2] = {prmt(kLo, kHi, mags), prmt(kLo, kHi, mags >> 16)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t h = prmt(high[i / 2], 0, i % 2 == 0 ? 0x1404u : 0x3424u);
+    const std::uint32_t nibbles = codes >> (8 * i);  // element 2i: bits 0..3, 2i+1: bits 4..7
+    out[i] = h | ((nibbles << 12) & 0x8000u) | ((nibbles << 24) & 0x80000000u);
+  }
+}
+
+// Eight codes to four f16x2 holding value * 2^-14, by moving bits alone: the code's exponent and
+// mantissa land in the f16's bits 11..9, which reads as value * 2^-14 (0.5 as a subnormal). The
+// caller folds 2^14 into the block scale it applies after the MMA step. Element order (0, 2),
+// (1, 3), (4, 6), (5, 7): the other operand's k order is permuted the same way (a dot product
+// does not depend on its order), or, for P V, the output columns.
+__device__ __forceinline__ void e2m1x8_to_f16x2_scaled_shift(std::uint32_t codes,
+                                                             std::uint32_t (&out)[4]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const std::uint32_t spread = prmt(codes, 0, i == 0 ? 0x4140u : 0x4342u);  // bytes to halves
+    out[2 * i] = ((spread << 9) & 0x0E000E00u) | ((spread << 12) & 0x80008000u);
+    out[2 * i + 1] = ((spread << 5) & 0x0E000E00u) | ((spread << 8) & 0x80008000u);
+  }
+}
+
+}  // namespace flashmsa::cuda::convert
