@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace flashmsa::cuda {
 
@@ -88,6 +89,16 @@ __device__ __forceinline__ std::uint32_t pack_fp16(float lo, float hi) {
 __device__ __forceinline__ std::uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const std::uint32_t*>(&v);
+}
+
+// Two floats as the 16-bit MMA type Elem (__half or __nv_bfloat16), low half first.
+template <class Elem>
+__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
+  if constexpr (std::is_same_v<Elem, __half>) {
+    return pack_fp16(lo, hi);
+  } else {
+    return pack_bf16(lo, hi);
+  }
 }
 
 // ---- Selection order (spec section 4) -------------------------------------------------------

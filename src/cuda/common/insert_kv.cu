@@ -10,7 +10,9 @@
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
 #include "src/cuda/common/cache_encode.cuh"
+#include "src/cuda/common/device_plane.hpp"
 #include "src/cuda/cuda_ops.hpp"
+#include "src/cuda/launch.hpp"
 
 namespace flashmsa::cuda {
 namespace {
@@ -19,13 +21,11 @@ constexpr int kThreadsPerBlock = 256;
 
 // One plane to write (K, V or index-K) and the activation rows that feed it.
 struct PlaneParams {
-  const void* src;                                      // [T, heads, dim] activations
-  std::int64_t src_stride_token, src_stride_head;       // elements
-  std::byte* dst;                                       // CachePlane::data
-  std::int64_t page_stride, head_stride, token_stride;  // bytes
-  std::byte* scale_dst;                                 // NVFP4 scale plane, or null
-  std::int64_t scale_page_stride, scale_head_stride, scale_token_stride;
-  float scale;  // per-tensor fp8 scale: fp8 stores x / scale
+  const void* src;                                 // [T, heads, dim] activations
+  std::int64_t src_stride_token, src_stride_head;  // elements
+  WritablePlane cache;
+  WritablePlane scales;  // NVFP4 scale plane, or null
+  float scale;           // per-tensor fp8 scale: fp8 stores x / scale
 };
 
 struct InsertParams {
@@ -57,11 +57,8 @@ __global__ void __launch_bounds__(kThreadsPerBlock) insert_kernel(const InsertPa
       token * pl.src_stride_token + head * pl.src_stride_head + part * kChunkElems;
   if (write) load_chunk(p.src_dtype, pl.src, src_base, x);
   const std::int64_t page = slot / p.page_size, offset = slot % p.page_size;
-  std::byte* dst =
-      pl.dst + page * pl.page_stride + head * pl.head_stride + offset * pl.token_stride;
-  std::byte* scale_dst = pl.scale_dst + page * pl.scale_page_stride + head * pl.scale_head_stride +
-                         offset * pl.scale_token_stride;
-  encode_cache_chunk(p.cache_dtype, x, write, dst, scale_dst, part, pl.scale);
+  encode_cache_chunk(p.cache_dtype, x, write, pl.cache.row(page, head, offset),
+                     pl.scales.row(page, head, offset), part, pl.scale);
 }
 
 PlaneParams plane_params(const TensorView& src, const CachePlane& plane, const CachePlane& scales,
@@ -70,14 +67,8 @@ PlaneParams plane_params(const TensorView& src, const CachePlane& plane, const C
   p.src = src.data;
   p.src_stride_token = src.stride[0];
   p.src_stride_head = src.rank == 3 ? src.stride[1] : 0;
-  p.dst = static_cast<std::byte*>(plane.data);
-  p.page_stride = plane.page_stride;
-  p.head_stride = plane.head_stride;
-  p.token_stride = plane.token_stride;
-  p.scale_dst = static_cast<std::byte*>(scales.data);
-  p.scale_page_stride = scales.page_stride;
-  p.scale_head_stride = scales.head_stride;
-  p.scale_token_stride = scales.token_stride;
+  p.cache = device_plane<WritablePlane>(plane);
+  p.scales = device_plane<WritablePlane>(scales);
   p.scale = scale;
   return p;
 }
@@ -85,25 +76,21 @@ PlaneParams plane_params(const TensorView& src, const CachePlane& plane, const C
 // 16-byte accesses need 16-byte aligned rows on both sides.
 void check_alignment(const TensorView& src, const char* name, const CachePlane& plane) {
   const std::int64_t elem = dtype_bits(src.dtype) / 8;
-  const bool src_ok = reinterpret_cast<std::uintptr_t>(src.data) % 16 == 0 &&
-                      (src.stride[0] * elem) % 16 == 0 &&
+  const bool src_ok = aligned(src.data, 16) && (src.stride[0] * elem) % 16 == 0 &&
                       (src.rank < 3 || (src.stride[1] * elem) % 16 == 0);
   FLASHMSA_CHECK_ARG(src_ok, name,
                      " must have 16-byte aligned rows on the CUDA backend (data pointer and "
                      "strides)");
-  const bool dst_ok = reinterpret_cast<std::uintptr_t>(plane.data) % 4 == 0 &&
-                      plane.page_stride % 4 == 0 && plane.head_stride % 4 == 0 &&
-                      plane.token_stride % 4 == 0;
-  FLASHMSA_CHECK_ARG(dst_ok, "the cache's rows must be 4-byte aligned on the CUDA backend");
+  FLASHMSA_CHECK_ARG(plane_aligned(plane, 4),
+                     "the cache's rows must be 4-byte aligned on the CUDA backend");
 }
 
 void launch(const InsertParams& p, void* stream) {
   const std::int64_t threads = p.num_tokens * p.num_planes * p.num_heads * (p.dim / kChunkElems);
   if (threads == 0) return;
-  const std::int64_t blocks = (threads + kThreadsPerBlock - 1) / kThreadsPerBlock;
-  insert_kernel<<<static_cast<unsigned>(blocks), kThreadsPerBlock, 0,
-                  static_cast<cudaStream_t>(stream)>>>(p);
-  FLASHMSA_CHECK_LAUNCH();
+  const std::int64_t blocks = ceil_div(threads, kThreadsPerBlock);
+  launch_kernel(insert_kernel, dim3(static_cast<unsigned>(blocks)), kThreadsPerBlock, 0,
+                static_cast<cudaStream_t>(stream), p);
 }
 
 }  // namespace

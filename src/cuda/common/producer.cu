@@ -12,7 +12,9 @@
 
 #include "flashmsa/error.hpp"
 #include "src/cuda/common/cache_encode.cuh"
+#include "src/cuda/common/device_plane.hpp"
 #include "src/cuda/cuda_ops.hpp"
+#include "src/cuda/launch.hpp"
 
 namespace flashmsa::cuda {
 namespace {
@@ -26,10 +28,7 @@ constexpr int kMaxRopeHalf = 64;
 enum Kind : int { kQ, kK, kV, kIndexQ, kIndexK };
 
 struct CachePlaneParams {
-  std::byte* data;
-  std::int64_t page_stride, head_stride, token_stride;
-  std::byte* scales;
-  std::int64_t scale_page_stride, scale_head_stride, scale_token_stride;
+  WritablePlane data, scales;  // scales: NVFP4 only
 };
 
 struct ProducerParams {
@@ -158,28 +157,15 @@ __global__ void __launch_bounds__(kThreads)
       dtype = index ? p.index_dtype : p.kv_dtype;
       scale = index ? 1.0f : kind == kK ? p.k_scale : p.v_scale;
       const std::int64_t page = write ? s / p.page_size : 0, offset = write ? s % p.page_size : 0;
-      row = plane.data + page * plane.page_stride + head * plane.head_stride +
-            offset * plane.token_stride;
-      scale_row = plane.scales + page * plane.scale_page_stride + head * plane.scale_head_stride +
-                  offset * plane.scale_token_stride;
+      row = plane.data.row(page, head, offset);
+      scale_row = plane.scales.row(page, head, offset);
     }
     encode_cache_chunk(dtype, x, write, row, scale_row, part, scale);
   }
 }
 
 CachePlaneParams plane_params(const CachePlane& data, const CachePlane& scales) {
-  return {static_cast<std::byte*>(data.data),
-          data.page_stride,
-          data.head_stride,
-          data.token_stride,
-          static_cast<std::byte*>(scales.data),
-          scales.page_stride,
-          scales.head_stride,
-          scales.token_stride};
-}
-
-bool aligned16(const void* p) {
-  return reinterpret_cast<std::uintptr_t>(p) % 16 == 0;
+  return {device_plane<WritablePlane>(data), device_plane<WritablePlane>(scales)};
 }
 
 }  // namespace
@@ -194,20 +180,18 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                            "the CUDA producer needs rope_dim to be a multiple of 16 <= 128, got ",
                            config.rope_dim);
   const std::int64_t elem = dtype_bits(in.qkv_index.dtype) / 8;
-  FLASHMSA_CHECK_ARG(aligned16(in.qkv_index.data) && (in.qkv_index.stride[0] * elem) % 16 == 0 &&
+  FLASHMSA_CHECK_ARG(aligned(in.qkv_index.data, 16) && (in.qkv_index.stride[0] * elem) % 16 == 0 &&
                          in.qkv_index.stride[1] == 1,
                      "qkv_index must have contiguous, 16-byte aligned rows on the CUDA backend");
   for (const TensorView* o : {&out.q, &out.index_q}) {
     const std::int64_t e = dtype_bits(o->dtype) / 8;
-    FLASHMSA_CHECK_ARG(aligned16(o->data) && (o->stride[0] * e) % 16 == 0 &&
+    FLASHMSA_CHECK_ARG(aligned(o->data, 16) && (o->stride[0] * e) % 16 == 0 &&
                            (o->stride[1] * e) % 16 == 0 && o->stride[2] == 1,
                        o == &out.q ? "q" : "index_q",
                        " must have contiguous, 16-byte aligned head rows on the CUDA backend");
   }
   for (const CachePlane* plane : {&kv.k, &kv.v, &ix.k}) {
-    FLASHMSA_CHECK_ARG(reinterpret_cast<std::uintptr_t>(plane->data) % 4 == 0 &&
-                           plane->page_stride % 4 == 0 && plane->head_stride % 4 == 0 &&
-                           plane->token_stride % 4 == 0,
+    FLASHMSA_CHECK_ARG(plane_aligned(*plane, 4),
                        "the caches' rows must be 4-byte aligned on the CUDA backend");
   }
   const std::int64_t num_tokens = in.qkv_index.shape[0];
@@ -266,9 +250,8 @@ void produce_qkv_index(const Config& config, const ProducerInputs& in, const KvC
                            "the CUDA producer needs one page size for both caches");
   FLASHMSA_CHECK_SUPPORTED(num_tokens <= 0x7fffffff,
                            "too many tokens for one launch: ", num_tokens);
-  producer_kernel<<<static_cast<unsigned>(num_tokens), kThreads, 0,
-                    static_cast<cudaStream_t>(stream)>>>(p);
-  FLASHMSA_CHECK_LAUNCH();
+  launch_kernel(producer_kernel, dim3(static_cast<unsigned>(num_tokens)), kThreads, 0,
+                static_cast<cudaStream_t>(stream), p);
 }
 
 }  // namespace flashmsa::cuda

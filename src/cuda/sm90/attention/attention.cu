@@ -6,6 +6,7 @@
 #include "flashmsa/error.hpp"
 #include "src/attention_workspace.hpp"
 #include "src/cuda/cuda_ops.hpp"
+#include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_kernel.cuh"
 
 namespace flashmsa::cuda {
@@ -63,22 +64,8 @@ static_assert(detail::attention_decode_tile_rows(1) == AttentionDecode1Traits::k
 
 namespace {
 
-bool aligned(const void* p, std::int64_t a) {
-  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-KvPlane plane(const CachePlane& c) {
-  return {static_cast<const std::byte*>(c.data), c.page_stride, c.head_stride, c.token_stride};
-}
-
 void check_plane(const CachePlane& c, const char* name, std::int64_t alignment) {
-  FLASHMSA_CHECK_ARG(aligned(c.data, alignment) && c.page_stride % alignment == 0 &&
-                         c.head_stride % alignment == 0 && c.token_stride % alignment == 0,
-                     "kv_cache.", name, " rows must be ", alignment,
+  FLASHMSA_CHECK_ARG(plane_aligned(c, alignment), "kv_cache.", name, " rows must be ", alignment,
                      "-byte aligned on the CUDA backend (pointer and page / head / token strides)");
 }
 
@@ -104,10 +91,10 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
   p.q = q.data;
   p.q_row_stride = q.stride[0];
   p.q_head_stride = q.stride[1];
-  p.k = plane(kv.k);
-  p.v = plane(kv.v);
-  p.k_scales = plane(kv.k_block_scale);
-  p.v_scales = plane(kv.v_block_scale);
+  p.k = device_plane(kv.k);
+  p.v = device_plane(kv.v);
+  p.k_scales = device_plane(kv.k_block_scale);
+  p.v_scales = device_plane(kv.v_block_scale);
   p.num_pages = kv.shape.num_pages;
   p.block_table = block_table.as<const std::int32_t>();
   p.table_stride = block_table.stride[0];
@@ -161,12 +148,7 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
 
 std::byte* checked_workspace(const AttentionOutputs& out, std::int64_t bytes) {
   if (bytes == 0) return nullptr;
-  FLASHMSA_CHECK_ARG(out.workspace.data != nullptr && out.workspace.shape[0] >= bytes &&
-                         aligned(out.workspace.data, 256),
-                     "workspace must be a 256-byte aligned device buffer of at least ", bytes,
-                     " bytes (attention_workspace_bytes) on the CUDA backend, got ",
-                     out.workspace.data ? out.workspace.shape[0] : 0, " bytes");
-  return static_cast<std::byte*>(out.workspace.data);
+  return cuda::checked_workspace(out.workspace, bytes, "attention_workspace_bytes");
 }
 
 void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype, DType q_dtype,
@@ -201,9 +183,8 @@ void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype
         static_cast<unsigned>(p.num_q_heads / p.group), 1);
     launch_attention<AttentionPrefillTraits>(p, cache_dtype, q_dtype, grid, stream);
   }
-  attention_empty_rows_kernel<<<static_cast<unsigned>(p.num_rows), kAttentionEmptyRowThreads, 0,
-                                stream>>>(p);
-  FLASHMSA_CHECK_LAUNCH();
+  launch_kernel(attention_empty_rows_kernel, dim3(static_cast<unsigned>(p.num_rows)),
+                kAttentionEmptyRowThreads, 0, stream, p);
 }
 
 }  // namespace
@@ -252,9 +233,9 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
     launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
   }
   if (p.splits > 1) {
-    attention_combine_kernel<<<dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
-                               kAttentionCombineThreads, 0, s>>>(p);
-    FLASHMSA_CHECK_LAUNCH();
+    launch_kernel(attention_combine_kernel,
+                  dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
+                  kAttentionCombineThreads, 0, s, p);
   }
 }
 

@@ -22,16 +22,9 @@
 #include "flashmsa/formats.hpp"
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/sm90/attention/attention_params.hpp"
+#include "src/cuda/sm90/page_codec.cuh"
 
 namespace flashmsa::cuda {
-
-// How a cache page reaches the tensor cores.
-enum class KvFormat {
-  kNative16,  // bf16 / fp16 cache: copied straight into the swizzled MMA tiles
-  kE4m3,
-  kE5m2,
-  kNvfp4,  // the three others: raw bytes, then widened exactly to the MMA type
-};
 
 template <int kRows_, int kKeySplit_, int kStages_>
 struct AttentionTraits {
@@ -57,11 +50,10 @@ using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3>;
 
+// A page in a raw stage: its K plane, then its V plane.
 template <KvFormat kFormat>
 constexpr int kv_raw_page_bytes() {
-  if constexpr (kFormat == KvFormat::kNative16) return 2 * 128 * 256;
-  if constexpr (kFormat == KvFormat::kNvfp4) return 2 * (128 * 64 + 128 * 8);
-  return 2 * 128 * 128;
+  return 2 * raw_plane_bytes<kFormat>();
 }
 
 template <class Traits, KvFormat kFormat>
@@ -74,15 +66,6 @@ constexpr int attention_smem_bytes() {
 }
 
 namespace attention_detail {
-
-template <class Elem>
-__device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
-  if constexpr (std::is_same_v<Elem, __half>) {
-    return pack_fp16(lo, hi);
-  } else {
-    return pack_bf16(lo, hi);
-  }
-}
 
 template <class Elem>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
@@ -204,7 +187,7 @@ __device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_he
                           std::byte* stage) {
   constexpr int kHalf = kv_raw_page_bytes<kFormat>() / 2;
   for (int plane = 0; plane < 2; ++plane) {
-    const KvPlane& src = plane == 0 ? p.k : p.v;
+    const DevicePlane& src = plane == 0 ? p.k : p.v;
     const std::byte* base = src.data + page * src.page_stride + kv_head * src.head_stride;
     std::byte* dst = stage + plane * kHalf;
     if constexpr (kFormat == KvFormat::kNative16) {
@@ -224,7 +207,7 @@ __device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_he
         cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
                             token < limit);
       }
-      const KvPlane& sc = plane == 0 ? p.k_scales : p.v_scales;
+      const DevicePlane& sc = plane == 0 ? p.k_scales : p.v_scales;
       const std::byte* scales = sc.data + page * sc.page_stride + kv_head * sc.head_stride;
       for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
         cp_async_8_or_zero(dst + 128 * 64 + token * 8, scales + token * sc.token_stride,
@@ -237,46 +220,6 @@ __device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_he
                             token < limit);
       }
     }
-  }
-}
-
-// Widens a raw 8- or 4-bit stage (K then V) into the swizzled 16-bit tiles, exactly: every
-// E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in bf16 and in fp16.
-template <class Traits, KvFormat kFormat, class Elem>
-__device__ void widen_page(const std::byte* stage, std::byte* tiles) {
-  constexpr int kHalf = kv_raw_page_bytes<kFormat>() / 2;
-  for (int i = threadIdx.x; i < 2 * 128 * 8; i += Traits::kThreads) {
-    const int plane = i / 1024, token = (i / 8) % 128, group = i % 8;  // 16 elements
-    const std::byte* raw = stage + plane * kHalf;
-    float x[16];
-    if constexpr (kFormat == KvFormat::kNvfp4) {
-      const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
-      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
-      const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
-      const std::uint32_t words[2] = {codes.x, codes.y};
-      constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-      for (int j = 0; j < 16; ++j) {
-        const std::uint32_t code = (words[j / 8] >> (4 * (j % 8))) & 0xFu;
-        const float m = kE2m1[code & 7u] * scale;
-        x[j] = (code & 8u) ? -m : m;
-      }
-    } else {
-      const uint4 bytes = *reinterpret_cast<const uint4*>(raw + token * 128 + group * 16);
-      const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
-      constexpr __nv_fp8_interpretation_t kKind =
-          kFormat == KvFormat::kE4m3 ? __NV_E4M3 : __NV_E5M2;
-      for (int j = 0; j < 8; ++j) {
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], kKind)));
-        x[2 * j] = f.x;
-        x[2 * j + 1] = f.y;
-      }
-    }
-    uint4 out[2];
-    auto* o = reinterpret_cast<std::uint32_t*>(out);
-    for (int j = 0; j < 8; ++j) o[j] = pack2<Elem>(x[2 * j], x[2 * j + 1]);
-    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
-    dst[swizzled_chunk(token, 2 * group)] = out[0];
-    dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
   }
 }
 
@@ -441,7 +384,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     const std::byte* tiles = stages + ((e - begin) % Traits::kStages) * kStageBytes;
     if constexpr (kWiden) {
-      if (entry_page(e) >= 0) widen_page<Traits, kFormat, Elem>(tiles, widened);
+      if (entry_page(e) >= 0) widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened);
       __syncthreads();
       tiles = widened;
     }

@@ -1,7 +1,8 @@
 // Parameters of the CUDA attention kernels (spec sections 5 and 7).
 //
 // Sparse and dense attention run as up to three launches:
-//   1. (prefill only) index_plan_kernel, shared with the indexer: each request's clamped row
+//   1. (prefill only) index_plan_kernel (the scheduler's, shared with the indexer): each request's
+//   clamped row
 //      range and its tiles of attention_kernel's row count;
 //   2. attention_kernel: one CTA per (tile of query rows of one request, kv head, split). It
 //      gathers the union of the pages its rows selected (each with a bitmask of the rows that
@@ -15,7 +16,8 @@
 
 #include "flashmsa/dtype.hpp"
 #include "flashmsa/formats/block_scaled.hpp"
-#include "src/cuda/sm90/indexer/indexer_params.hpp"
+#include "src/cuda/common/device_plane.hpp"
+#include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
 
@@ -32,17 +34,10 @@ struct AttentionStore {
   fmt::Mxfp8ScaleRule mxfp8_rule = fmt::Mxfp8ScaleRule::kRceil;
 };
 
-// One plane of the main cache: the row of (page, head, token) starts at
-// data + page * page_stride + head * head_stride + token * token_stride (bytes).
-struct KvPlane {
-  const std::byte* data = nullptr;
-  std::int64_t page_stride = 0, head_stride = 0, token_stride = 0;
-};
-
 struct AttentionParams {
   const void* q = nullptr;                           // [T, Hq, D] bf16 or fp16
   std::int64_t q_row_stride = 0, q_head_stride = 0;  // elements
-  KvPlane k, v, k_scales, v_scales;                  // scales: NVFP4 only
+  DevicePlane k, v, k_scales, v_scales;              // scales: NVFP4 only
   std::int64_t num_pages = 0;
   const std::int32_t* block_table = nullptr;  // [B, max_blocks]
   std::int64_t table_stride = 0;

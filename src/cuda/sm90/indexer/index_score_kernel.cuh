@@ -14,6 +14,7 @@
 
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
+#include "src/cuda/sm90/page_codec.cuh"
 
 namespace flashmsa::cuda {
 
@@ -34,84 +35,39 @@ using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
 using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
 using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
 
-// Bytes one page occupies in a raw stage, per cache dtype.
-template <DType kCache>
-constexpr int raw_page_bytes() {
-  if constexpr (kCache == DType::kBf16) return 128 * 256;
-  if constexpr (kCache == DType::kFp8E4m3) return 128 * 128;
-  return 128 * 64 + 128 * 8;  // NVFP4 codes, then scales
-}
-
-template <class Traits, DType kCache>
+template <class Traits, KvFormat kFormat>
 constexpr int index_score_smem_bytes() {
-  constexpr bool kConvert = kCache != DType::kBf16;
-  return Traits::kVectors * 256 + Traits::kStages * raw_page_bytes<kCache>() +
+  constexpr bool kConvert = kFormat != KvFormat::kNative16;
+  return Traits::kVectors * 256 + Traits::kStages * raw_plane_bytes<kFormat>() +
          (kConvert ? 128 * 256 : 0) + Traits::kWarpsN * Traits::kVectors * 4;
 }
 
 namespace index_score_detail {
 
 // Issues the cp.async copies of one page's rows into a raw stage.
-template <class Traits, DType kCache>
+template <class Traits, KvFormat kFormat>
 __device__ void load_page(const IndexScoreParams& p, std::int64_t page, std::byte* stage) {
-  const std::byte* base = p.keys + page * p.key_page_stride;
-  if constexpr (kCache == DType::kBf16) {
+  const std::byte* base = p.keys.data + page * p.keys.page_stride;
+  if constexpr (kFormat == KvFormat::kNative16) {
     for (int i = threadIdx.x; i < 128 * kRowChunks; i += Traits::kThreads) {
       const int token = i / kRowChunks, chunk = i % kRowChunks;
       cp_async_16(stage + swizzled_chunk(token, chunk) * 16,
-                  base + token * p.key_token_stride + chunk * 16);
+                  base + token * p.keys.token_stride + chunk * 16);
     }
-  } else if constexpr (kCache == DType::kFp8E4m3) {
+  } else if constexpr (kFormat == KvFormat::kE4m3) {
     for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
       const int token = i / 8, chunk = i % 8;
-      cp_async_16(stage + i * 16, base + token * p.key_token_stride + chunk * 16);
+      cp_async_16(stage + i * 16, base + token * p.keys.token_stride + chunk * 16);
     }
   } else {
     for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
       const int token = i / 4, chunk = i % 4;
-      cp_async_16(stage + i * 16, base + token * p.key_token_stride + chunk * 16);
+      cp_async_16(stage + i * 16, base + token * p.keys.token_stride + chunk * 16);
     }
-    const std::byte* scales = p.key_scales + page * p.scale_page_stride;
+    const std::byte* scales = p.key_scales.data + page * p.key_scales.page_stride;
     for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
-      cp_async_8(stage + 128 * 64 + token * 8, scales + token * p.scale_token_stride);
+      cp_async_8(stage + 128 * 64 + token * 8, scales + token * p.key_scales.token_stride);
     }
-  }
-}
-
-// Widens a raw E4M3 / NVFP4 stage into the swizzled bf16 tile (exact).
-template <class Traits, DType kCache>
-__device__ void widen_page(const std::byte* stage, std::byte* tile) {
-  // 1024 pieces of 16 elements: (token, group of 16).
-  for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
-    const int token = i / 8, group = i % 8;
-    float x[16];
-    if constexpr (kCache == DType::kFp8E4m3) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(stage + i * 16);
-      const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-      for (int j = 0; j < 8; ++j) {
-        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
-        x[2 * j] = f.x;
-        x[2 * j + 1] = f.y;
-      }
-    } else {
-      const uint2 raw = *reinterpret_cast<const uint2*>(stage + token * 64 + group * 8);
-      const std::uint8_t scale_code =
-          static_cast<std::uint8_t>(stage[128 * 64 + token * 8 + group]);
-      const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
-      const std::uint32_t words[2] = {raw.x, raw.y};
-      constexpr float kE2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-      for (int j = 0; j < 16; ++j) {
-        const std::uint32_t code = (words[j / 8] >> (4 * (j % 8))) & 0xFu;
-        const float m = kE2m1[code & 7u] * scale;
-        x[j] = (code & 8u) ? -m : m;
-      }
-    }
-    uint4 out[2];
-    auto* o = reinterpret_cast<std::uint32_t*>(out);
-    for (int j = 0; j < 8; ++j) o[j] = pack_bf16(x[2 * j], x[2 * j + 1]);
-    auto* dst = reinterpret_cast<uint4*>(tile);
-    dst[swizzled_chunk(token, 2 * group)] = out[0];
-    dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
   }
 }
 
@@ -151,15 +107,15 @@ __device__ Tile find_tile(const IndexScoreParams& p, int rows_per_tile) {
 
 }  // namespace index_score_detail
 
-template <class Traits, DType kCache, bool kQueryFp8>
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   using namespace index_score_detail;
-  constexpr bool kConvert = kCache != DType::kBf16;
+  constexpr bool kConvert = kFormat != KvFormat::kNative16;
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   std::byte* stages = q_tile + Traits::kVectors * 256;
-  std::byte* widened = stages + Traits::kStages * raw_page_bytes<kCache>();
+  std::byte* widened = stages + Traits::kStages * raw_plane_bytes<kFormat>();
   float* partial_max = reinterpret_cast<float*>(widened + (kConvert ? 128 * 256 : 0));
 
   const int hidx = p.num_index_heads;
@@ -182,7 +138,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // Pages first (they take longest), then the queries.
   for (int s = 0; s < Traits::kStages - 1; ++s) {
     if (s < num_blocks && page_of(s) >= 0) {
-      load_page<Traits, kCache>(p, page_of(s), stages + s * raw_page_bytes<kCache>());
+      load_page<Traits, kFormat>(p, page_of(s), stages + s * raw_plane_bytes<kFormat>());
     }
     cp_async_commit();
   }
@@ -220,16 +176,16 @@ __global__ void __launch_bounds__(Traits::kThreads)
     {
       const int next = i + Traits::kStages - 1;
       if (next < num_blocks && page_of(next) >= 0) {
-        load_page<Traits, kCache>(p, page_of(next),
-                                  stages + (next % Traits::kStages) * raw_page_bytes<kCache>());
+        load_page<Traits, kFormat>(p, page_of(next),
+                                   stages + (next % Traits::kStages) * raw_plane_bytes<kFormat>());
       }
       cp_async_commit();
     }
     const std::int64_t block = block_begin + i;
     const bool page_ok = page_of(i) >= 0;
-    const std::byte* k_tile = stages + (i % Traits::kStages) * raw_page_bytes<kCache>();
+    const std::byte* k_tile = stages + (i % Traits::kStages) * raw_plane_bytes<kFormat>();
     if constexpr (kConvert) {
-      if (page_ok) widen_page<Traits, kCache>(k_tile, widened);
+      if (page_ok) widen_planes<Traits::kThreads, kFormat, __nv_bfloat16, 1>(k_tile, widened);
       __syncthreads();
       k_tile = widened;
     }
@@ -319,18 +275,18 @@ void launch_index_score(const IndexScoreParams& p, DType cache, bool query_fp8, 
     kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
     FLASHMSA_CHECK_LAUNCH();
   };
-  auto by_query = [&]<DType kCache>() {
-    constexpr int smem = index_score_smem_bytes<Traits, kCache>();
+  auto by_query = [&]<KvFormat kFormat>() {
+    constexpr int smem = index_score_smem_bytes<Traits, kFormat>();
     if (query_fp8) {
-      run(index_score_kernel<Traits, kCache, true>, smem);
+      run(index_score_kernel<Traits, kFormat, true>, smem);
     } else {
-      run(index_score_kernel<Traits, kCache, false>, smem);
+      run(index_score_kernel<Traits, kFormat, false>, smem);
     }
   };
   switch (cache) {
-    case DType::kBf16: by_query.template operator()<DType::kBf16>(); break;
-    case DType::kFp8E4m3: by_query.template operator()<DType::kFp8E4m3>(); break;
-    case DType::kNvfp4: by_query.template operator()<DType::kNvfp4>(); break;
+    case DType::kBf16: by_query.template operator()<KvFormat::kNative16>(); break;
+    case DType::kFp8E4m3: by_query.template operator()<KvFormat::kE4m3>(); break;
+    case DType::kNvfp4: by_query.template operator()<KvFormat::kNvfp4>(); break;
     default:
       throw Error(ErrorKind::kUnsupported,
                   detail::concat("the CUDA indexer has no kernel for an index cache of ",

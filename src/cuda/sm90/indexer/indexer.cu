@@ -5,7 +5,7 @@
 
 #include "flashmsa/error.hpp"
 #include "src/cuda/cuda_ops.hpp"
-#include "src/cuda/sm90/indexer/index_plan_kernel.cuh"
+#include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/indexer/index_score_kernel.cuh"
 #include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
 #include "src/index_workspace.hpp"
@@ -26,10 +26,6 @@ constexpr int kPrefillPagesPerSplit = 32;
 // left 64 x 32K at 68% of the read bandwidth, two CTAs per SM and a 2.2-wave grid).
 constexpr int kDecodeTargetCtas = 16 * 132;
 constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
-
-bool aligned(const void* p, std::int64_t a) {
-  return reinterpret_cast<std::uintptr_t>(p) % a == 0;
-}
 
 struct Launch {
   IndexScoreParams score;
@@ -76,12 +72,7 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
 
   Launch l;
   l.layout = detail::index_workspace_layout(index_q.shape[0], num_requests, hidx, max_blocks);
-  FLASHMSA_CHECK_ARG(out.workspace.data != nullptr && out.workspace.shape[0] >= l.layout.bytes &&
-                         aligned(out.workspace.data, 256),
-                     "workspace must be a 256-byte aligned device buffer of at least ",
-                     l.layout.bytes, " bytes (index_workspace_bytes) on the CUDA backend, got ",
-                     out.workspace.data ? out.workspace.shape[0] : 0, " bytes");
-  l.workspace = static_cast<std::byte*>(out.workspace.data);
+  l.workspace = checked_workspace(out.workspace, l.layout.bytes, "index_workspace_bytes");
   l.cache_dtype = cache.dtype;
   l.query_fp8 = index_q.dtype == DType::kFp8E4m3;
   l.stream = static_cast<cudaStream_t>(stream);
@@ -90,12 +81,8 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
   s.index_q = index_q.data;
   s.q_row_stride = index_q.stride[0];
   s.q_head_stride = index_q.stride[1];
-  s.keys = static_cast<const std::byte*>(cache.k.data);
-  s.key_page_stride = cache.k.page_stride;
-  s.key_token_stride = cache.k.token_stride;
-  s.key_scales = static_cast<const std::byte*>(cache.block_scale.data);
-  s.scale_page_stride = cache.block_scale.page_stride;
-  s.scale_token_stride = cache.block_scale.token_stride;
+  s.keys = device_plane(cache.k);
+  s.key_scales = device_plane(cache.block_scale);
   s.num_pages = cache.num_pages;
   s.block_table = block_table.as<const std::int32_t>();
   s.table_stride = block_table.stride[0];
@@ -124,23 +111,12 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
 void launch_topk(const Launch& l, std::int64_t hkv) {
   if (l.topk.chunk.rows() == 0) return;
   const int smem = 4 * l.topk.max_blocks;
-  FLASHMSA_CHECK_CUDA(
-      cudaFuncSetAttribute(index_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  index_topk_kernel<<<dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
-                      kIndexTopkThreads, smem, l.stream>>>(l.topk);
-  FLASHMSA_CHECK_LAUNCH();
-}
-
-std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
+  launch_kernel(index_topk_kernel,
+                dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
+                kIndexTopkThreads, smem, l.stream, l.topk);
 }
 
 }  // namespace
-
-void launch_index_plan(const IndexPlanParams& plan, cudaStream_t stream) {
-  index_plan_kernel<<<1, kIndexPlanThreads, 0, stream>>>(plan);
-  FLASHMSA_CHECK_LAUNCH();
-}
 
 void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                    const PrefillBatch& batch, const IndexOutputs& out, void* stream) {

@@ -6,7 +6,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "src/cuda/common/device_utils.cuh"
-#include "src/cuda/sm90/indexer/indexer_params.hpp"
+#include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
 

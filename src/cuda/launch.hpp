@@ -1,0 +1,57 @@
+// Host-side helpers every CUDA op shares: the checks of caller buffers the kernels rely on
+// (alignment, the device workspace) and kernel launches with their error check. Only the host
+// parts of the .cu files include this.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+
+#include "flashmsa/cache.hpp"
+#include "flashmsa/error.hpp"
+#include "flashmsa/tensor.hpp"
+
+namespace flashmsa::cuda {
+
+inline bool aligned(const void* p, std::int64_t alignment) {
+  return reinterpret_cast<std::uintptr_t>(p) % alignment == 0;
+}
+
+inline std::int64_t ceil_div(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
+
+// The pointer and every stride of a cache plane are multiples of `alignment`.
+inline bool plane_aligned(const CachePlane& c, std::int64_t alignment) {
+  return aligned(c.data, alignment) && c.page_stride % alignment == 0 &&
+         c.head_stride % alignment == 0 && c.token_stride % alignment == 0;
+}
+
+// The caller's device workspace: at least `bytes` (what `size_function` returns), 256-byte
+// aligned (every region in it is laid out at 256-byte offsets).
+inline std::byte* checked_workspace(const TensorView& workspace, std::int64_t bytes,
+                                    const char* size_function) {
+  FLASHMSA_CHECK_ARG(
+      workspace.data != nullptr && workspace.shape[0] >= bytes && aligned(workspace.data, 256),
+      "workspace must be a 256-byte aligned device buffer of at least ", bytes, " bytes (",
+      size_function, ") on the CUDA backend, got ", workspace.data ? workspace.shape[0] : 0,
+      " bytes");
+  return static_cast<std::byte*>(workspace.data);
+}
+
+// Launches `kernel` on `stream` (raising its dynamic shared-memory limit first when it uses
+// any) and checks the launch.
+template <class... Params, class... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
+                   Args&&... args) {
+  if (smem > 0) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
+  FLASHMSA_CHECK_LAUNCH();
+}
+
+}  // namespace flashmsa::cuda

@@ -1,0 +1,81 @@
+// The page-format codec every sm90 kernel reads cache pages through: how many bytes one plane of
+// a page (128 tokens of one head, K or V or index-K) occupies in a raw shared-memory stage per
+// cache format, and the exact widening of a raw 8- or 4-bit stage into the swizzled 16-bit tiles
+// the tensor cores read. Register-level widening routes for the rewrites are in convert.cuh.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/convert.cuh"
+
+namespace flashmsa::cuda {
+
+// How a cache page reaches the tensor cores.
+enum class KvFormat {
+  kNative16,  // bf16 / fp16 cache: copied straight into the swizzled MMA tiles
+  kE4m3,
+  kE5m2,
+  kNvfp4,  // the three others: raw bytes, then widened exactly to the MMA type
+};
+
+// Bytes of one plane of a page (128 tokens x 128 dims) in a raw stage: element rows, then (NVFP4)
+// the rows' E4M3 block scales.
+template <KvFormat kFormat>
+constexpr int raw_plane_bytes() {
+  if constexpr (kFormat == KvFormat::kNative16) return 128 * 256;
+  if constexpr (kFormat == KvFormat::kNvfp4) return 128 * 64 + 128 * 8;
+  return 128 * 128;
+}
+
+// Widens kPlanes consecutive raw planes of a stage into as many swizzled 16-bit tiles (128 x 256
+// bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in
+// bf16 and in fp16. Work unit: 16 elements of one token.
+template <int kThreads, KvFormat kFormat, class Elem, int kPlanes>
+__device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
+  static_assert(kFormat != KvFormat::kNative16, "16-bit pages are copied, not widened");
+  for (int i = threadIdx.x; i < kPlanes * 128 * 8; i += kThreads) {
+    // With one plane i < 1024 already: no division for the plane index.
+    const int plane = kPlanes == 1 ? 0 : i / 1024;
+    const int token = kPlanes == 1 ? i / 8 : (i / 8) % 128, group = i % 8;
+    const std::byte* raw = stage + plane * raw_plane_bytes<kFormat>();
+    float x[16];
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
+      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
+      const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
+      // The codes' values through a byte-permute lookup (registers only), times the scale.
+      std::uint32_t halves[8];
+      convert::e2m1x8_to_f16x2_lut(codes.x, reinterpret_cast<std::uint32_t(&)[4]>(halves[0]));
+      convert::e2m1x8_to_f16x2_lut(codes.y, reinterpret_cast<std::uint32_t(&)[4]>(halves[4]));
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves[j]));
+        x[2 * j] = f.x * scale;
+        x[2 * j + 1] = f.y * scale;
+      }
+    } else {
+      // (One plane: piece i's bytes are simply at i * 16.)
+      const std::byte* at = kPlanes == 1 ? stage + i * 16 : raw + token * 128 + group * 16;
+      const uint4 bytes = *reinterpret_cast<const uint4*>(at);
+      const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
+      constexpr __nv_fp8_interpretation_t kKind =
+          kFormat == KvFormat::kE4m3 ? __NV_E4M3 : __NV_E5M2;
+      for (int j = 0; j < 8; ++j) {
+        const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], kKind)));
+        x[2 * j] = f.x;
+        x[2 * j + 1] = f.y;
+      }
+    }
+    uint4 out[2];
+    auto* o = reinterpret_cast<std::uint32_t*>(out);
+    for (int j = 0; j < 8; ++j) o[j] = pack2<Elem>(x[2 * j], x[2 * j + 1]);
+    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
+    dst[swizzled_chunk(token, 2 * group)] = out[0];
+    dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
+  }
+}
+
+}  // namespace flashmsa::cuda
