@@ -4,7 +4,9 @@
 // CUDA-graph replays, and small working sets rotate through more than 2x the L2 so no run measures
 // a warm cache.
 //
-//   flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]  (see scripts/bench.sh)
+//   flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING[,SUBSTRING...]] [--cases JSONL]
+//                       [--quick-grid]
+//   (see scripts/bench.sh)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -677,10 +679,20 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
 
 // The decode grid: batch x context x query length x cache dtype, skipping what does not fit.
 // The top-k row's "fraction" is its share of the step time.
+// --quick-grid: the corners a no-regression check needs (1 and 64 requests, 8K and 32K, dql 1
+// and 4, every cache kind) instead of the whole grid.
+bool g_quick_grid = false;
+
 void decode_grid() {
+  const std::vector<std::int64_t> batches = g_quick_grid
+                                                ? std::vector<std::int64_t>{1, 64}
+                                                : std::vector<std::int64_t>{1, 8, 32, 64, 128};
+  const std::vector<std::int64_t> lens =
+      g_quick_grid ? std::vector<std::int64_t>{8192, 32768}
+                   : std::vector<std::int64_t>{8192, 32768, 131072, 524288};
   for (const CacheKind& kind : kCacheKinds) {
-    for (std::int64_t b : {1, 8, 32, 64, 128}) {
-      for (std::int64_t len : {8192, 32768, 131072, 524288}) {
+    for (std::int64_t b : batches) {
+      for (std::int64_t len : lens) {
         const std::int64_t token_bytes =
             4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
         if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
@@ -922,9 +934,23 @@ void write_json(const char* path) {
 
 }  // namespace
 
+// A case group runs when the filter is empty or its key contains one of the filter's
+// comma-separated substrings.
+bool matches_filter(const std::string& key, const std::string& filter) {
+  if (filter.empty()) return true;
+  std::size_t begin = 0;
+  while (begin <= filter.size()) {
+    const std::size_t end = std::min(filter.find(',', begin), filter.size());
+    const std::string part = filter.substr(begin, end - begin);
+    if (!part.empty() && key.find(part) != std::string::npos) return true;
+    begin = end + 1;
+  }
+  return false;
+}
+
 int main(int argc, char** argv) {
   const char* json = nullptr;
-  std::string filter;  // run only the cases whose key contains it
+  std::string filter;  // run only the case groups it matches (matches_filter)
   std::string cases_path = "bench/data/msa_prefill_benchmark_v1.jsonl";
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) {
@@ -933,10 +959,12 @@ int main(int argc, char** argv) {
       filter = argv[++i];
     } else if (std::strcmp(argv[i], "--cases") == 0 && i + 1 < argc) {
       cases_path = argv[++i];
+    } else if (std::strcmp(argv[i], "--quick-grid") == 0) {
+      g_quick_grid = true;
     } else {
-      std::fprintf(
-          stderr,
-          "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL]\n");
+      std::fprintf(stderr,
+                   "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL] "
+                   "[--quick-grid]\n");
       return 2;
     }
   }
@@ -969,7 +997,7 @@ int main(int argc, char** argv) {
     ceilings();
     if (json) write_json(json);
     for (const auto& [key, run] : cases) {
-      if (!filter.empty() && key.find(filter) == std::string::npos) continue;
+      if (!matches_filter(key, filter)) continue;
       run();
       if (json) write_json(json);  // after every case group: a run cut short keeps what it measured
     }

@@ -19,7 +19,9 @@ cd "$root"
 # differential runs as FLASHMSA_FUZZ_SHARDS concurrent processes, default 8). Environment:
 # GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases, SANITIZE_FILTER the tests
 # run under the sanitizers (default: all), SANITIZE_TOOLS the tools (default: memcheck racecheck
-# initcheck), SANITIZE_SHARDS the concurrent gtest shards per tool (default 4).
+# initcheck), SANITIZE_SHARDS the concurrent gtest shards per tool (default 4), GPU_TEST_SHARDS
+# the concurrent shards of the plain GPU test run (default 1), BENCH_ARGS more benchmark
+# arguments (e.g. --quick-grid).
 sanitize=0 quick=0 bench=0 python=0 reliability=0 micro=0
 for arg in "$@"; do
   case $arg in
@@ -49,7 +51,8 @@ if [ $python = 1 ] && [ -d .deps/nanobind/cmake ] && command -v python3 >/dev/nu
   libstdcxx=/usr/lib/gcc/x86_64-linux-gnu/$(g++ -dumpversion | cut -d. -f1)/libstdc++.so
   [ -e "$libstdcxx" ] && python_args+=("-DFLASHMSA_PYTHON_LIBSTDCXX=$libstdcxx")
 fi
-cmake -S . -B build-gpu -G Ninja "${python_args[@]}" >"$logs/configure.log" 2>&1 ||
+cmake -S . -B build-gpu -G Ninja -DFLASHMSA_PTXAS_VERBOSE=ON "${python_args[@]}" \
+  >"$logs/configure.log" 2>&1 ||
   { cat "$logs/configure.log"; exit 1; }
 targets=()
 [ $quick = 1 ] && targets=(--target flashmsa_gpu_tests)
@@ -75,15 +78,6 @@ run() {  # run NAME COMMAND...: log to $logs/NAME.log, remember the verdict
     status=1
   fi
 }
-if [ $micro = 1 ]; then  # before anything else, alone on the GPU
-  run microbench build-gpu/bench/flashmsa_hopper_microbench --json "$logs/microbench.json"
-  cat "$logs/microbench.log"
-fi
-if [ $reliability = 1 ]; then  # the reliability tests run once, below, at their full size
-  run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter='-GpuReliability.*'
-else
-  run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests
-fi
 # Concurrent runs on the one GPU (its many SMs and the 16 cores serve several processes):
 # `start NAME COMMAND...` launches one in the background, `finish` waits for all and records them.
 jobs_names=() jobs_pids=() jobs_start=$SECONDS
@@ -106,6 +100,22 @@ finish() {
   done
   jobs_names=() jobs_pids=() jobs_start=$SECONDS
 }
+if [ $micro = 1 ]; then  # before anything else, alone on the GPU
+  run microbench build-gpu/bench/flashmsa_hopper_microbench --json "$logs/microbench.json"
+  cat "$logs/microbench.log"
+fi
+gpu_filter=${GTEST_FILTER:-*}
+# The reliability tests run once, below, at their full size.
+[ $reliability = 1 ] && [ -z "${GTEST_FILTER:-}" ] && gpu_filter='-GpuReliability.*'
+if [ "${GPU_TEST_SHARDS:-1}" -gt 1 ]; then  # concurrent gtest shards on the one GPU
+  for ((i = 0; i < GPU_TEST_SHARDS; i++)); do
+    start "gpu_tests.$i" env GTEST_TOTAL_SHARDS="$GPU_TEST_SHARDS" GTEST_SHARD_INDEX=$i \
+      build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter="$gpu_filter"
+  done
+  finish
+else
+  run gpu_tests build-gpu/tests/cpp/flashmsa_gpu_tests --gtest_filter="$gpu_filter"
+fi
 gpu_tests=build-gpu/tests/cpp/flashmsa_gpu_tests
 if [ $reliability = 1 ]; then
   # The differential cases in FLASHMSA_FUZZ_SHARDS processes at once, each with its own seed (the
@@ -150,10 +160,10 @@ fi
 if [ $bench = 1 ]; then
   # BENCH_FILTER in the environment narrows the benchmark cases (flashmsa_cuda_bench --filter).
   run cuda_bench build-gpu/bench/flashmsa_cuda_bench --json "$logs/cuda_bench.json" \
-    ${BENCH_FILTER:+--filter "$BENCH_FILTER"}
+    ${BENCH_FILTER:+--filter "$BENCH_FILTER"} ${BENCH_ARGS:-}
   cat "$logs/cuda_bench.log"
 fi
-grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests.log "$logs"/cpu_tests.log 2>/dev/null || true
+grep -h -E "^\[  (PASSED|SKIPPED|FAILED) " "$logs"/gpu_tests*.log "$logs"/cpu_tests.log 2>/dev/null || true
 tail -n 1 "$logs"/python_tests.log 2>/dev/null || true
 printf '%s\n' "${summary[@]}" | tee "$logs/summary.txt"
 if [ -n "${OUT:-}" ]; then

@@ -1,7 +1,6 @@
-// The page-format codec every sm90 kernel reads cache pages through: how many bytes one plane of
-// a page (128 tokens of one head, K or V or index-K) occupies in a raw shared-memory stage per
-// cache format, and the exact widening of a raw 8- or 4-bit stage into the swizzled 16-bit tiles
-// the tensor cores read. Register-level widening routes for the rewrites are in convert.cuh.
+// The page-format codec every sm90 kernel reads cache pages through: the formats and plane sizes
+// of kv_format.hpp, and the exact widening of a raw 8- or 4-bit stage into the swizzled 16-bit
+// tiles the tensor cores read. Register-level widening routes for the rewrites are in convert.cuh.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -11,25 +10,9 @@
 
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/sm90/convert.cuh"
+#include "src/cuda/sm90/kv_format.hpp"
 
 namespace flashmsa::cuda {
-
-// How a cache page reaches the tensor cores.
-enum class KvFormat {
-  kNative16,  // bf16 / fp16 cache: copied straight into the swizzled MMA tiles
-  kE4m3,
-  kE5m2,
-  kNvfp4,  // the three others: raw bytes, then widened exactly to the MMA type
-};
-
-// Bytes of one plane of a page (128 tokens x 128 dims) in a raw stage: element rows, then (NVFP4)
-// the rows' E4M3 block scales.
-template <KvFormat kFormat>
-constexpr int raw_plane_bytes() {
-  if constexpr (kFormat == KvFormat::kNative16) return 128 * 256;
-  if constexpr (kFormat == KvFormat::kNvfp4) return 128 * 64 + 128 * 8;
-  return 128 * 128;
-}
 
 // Widens kPlanes consecutive raw planes of a stage into as many swizzled 16-bit tiles (128 x 256
 // bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in

@@ -7,16 +7,11 @@
 #include "src/attention_workspace.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
-#include "src/cuda/sm90/attention/attention_kernel.cuh"
+#include "src/cuda/sm90/attention/attention_launch.hpp"
+#include "src/cuda/sm90/attention/epilogue.cuh"
+#include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
-
-extern template void launch_attention<AttentionPrefillTraits>(const AttentionParams&, DType, DType,
-                                                              dim3, cudaStream_t);
-extern template void launch_attention<AttentionDecode1Traits>(const AttentionParams&, DType, DType,
-                                                              dim3, cudaStream_t);
-extern template void launch_attention<AttentionDecodeSpecTraits>(const AttentionParams&, DType,
-                                                                 DType, dim3, cudaStream_t);
 
 // Log-sum-exp merge of the splits: one CTA per (row, kv head), a thread per (head, group of 32).
 constexpr int kAttentionCombineThreads = 64;

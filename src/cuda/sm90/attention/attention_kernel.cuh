@@ -21,49 +21,13 @@
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
 #include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_params.hpp"
+#include "src/cuda/sm90/attention/attention_traits.hpp"
+#include "src/cuda/sm90/attention/epilogue.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
 
 namespace flashmsa::cuda {
-
-template <int kRows_, int kKeySplit_, int kStages_>
-struct AttentionTraits {
-  static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
-  static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
-  static constexpr int kStages = kStages_;
-  static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
-  static constexpr int kWarpKeys = 128 / kKeySplit;
-  static constexpr int kChunkKeys = kWarpKeys < 64 ? kWarpKeys : 64;  // keys per softmax step
-  static constexpr int kMaxTopk = 64;
-  static constexpr int kMaxUnion = kRows * kMaxTopk;
-  static constexpr int kWindow = 2048;        // blocks marked per pass of the union build
-  static constexpr int kPartialStride = 132;  // floats per epilogue row (4 of padding: banks)
-  static_assert(kChunkKeys % 16 == 0);
-};
-
-// Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
-using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
-// Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
-// holds the 3-page ring), 3 pages in flight.
-using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
-// Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
-// per row.
-using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3>;
-
-// A page in a raw stage: its K plane, then its V plane.
-template <KvFormat kFormat>
-constexpr int kv_raw_page_bytes() {
-  return 2 * raw_plane_bytes<kFormat>();
-}
-
-template <class Traits, KvFormat kFormat>
-constexpr int attention_smem_bytes() {
-  constexpr int q = Traits::kRows * 16 * 256;
-  constexpr int union_lists = Traits::kMaxUnion * 12;
-  constexpr int stages = Traits::kStages * kv_raw_page_bytes<kFormat>();
-  constexpr int widened = kFormat == KvFormat::kNative16 ? 0 : 2 * 128 * 256;
-  return q + union_lists + stages + widened;
-}
 
 namespace attention_detail {
 
@@ -75,68 +39,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
   } else {
     mma_bf16_16816(d, a, b0, b1);
   }
-}
-
-// The normalisation of a row from its softmax sum l and max m (log2 units): 1 / l (times the
-// V scale) and the log2-sum-exp when l > 0; no key (l == 0): 0 (exact zeros, unless a NaN value
-// sat behind a zero weight) and -inf; a NaN l (a NaN or +Inf score): NaN and NaN (spec 5).
-struct OutputScale {
-  float inv, lse_log2;
-};
-__device__ __forceinline__ OutputScale output_scale(float l, float m, float v_scale) {
-  if (l > 0.0f) return {v_scale / l, m + __log2f(l)};
-  if (l == 0.0f) return {0.0f, -INFINITY};
-  return {__int_as_float(0x7FC00000), __int_as_float(0x7FC00000)};
-}
-
-// v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
-__device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* src, float w) {
-  const auto* src4 = reinterpret_cast<const float4*>(src);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const float4 x = src4[j];
-    v[4 * j] += w * x.x;
-    v[4 * j + 1] += w * x.y;
-    v[4 * j + 2] += w * x.z;
-    v[4 * j + 3] += w * x.w;
-  }
-}
-
-// Stores 32 consecutive output values (group `grp` of head `hq`'s D = 128) of row t, and the
-// log-sum-exp with group 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
-__device__ inline void store_group(const AttentionStore& s, std::int64_t t, int hq, int grp,
-                                   const float (&v)[32], float lse) {
-  if (s.dtype == DType::kFp8E4m3) {
-    std::uint16_t bf16[32];
-    for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
-    alignas(16) std::uint8_t codes[32];
-    const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
-    const std::int64_t col = std::int64_t{hq} * 128 + grp * 32;
-    auto* dst =
-        reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + col);
-    dst[0] = reinterpret_cast<const uint4*>(codes)[0];
-    dst[1] = reinterpret_cast<const uint4*>(codes)[1];
-    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, col / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
-        scale;
-  } else if (s.dtype == DType::kFp32) {
-    auto* dst = reinterpret_cast<float4*>(static_cast<float*>(s.out) + t * s.row_stride +
-                                          hq * s.head_stride + grp * 32);
-    for (int i = 0; i < 8; ++i)
-      dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
-  } else {
-    const bool half = s.dtype == DType::kFp16;
-    auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.out) + t * s.row_stride +
-                                         hq * s.head_stride + grp * 32);
-    for (int i = 0; i < 4; ++i) {
-      std::uint32_t w[4];
-      for (int j = 0; j < 4; ++j) {
-        const float lo = v[8 * i + 2 * j], hi = v[8 * i + 2 * j + 1];
-        w[j] = half ? pack_fp16(lo, hi) : pack_bf16(lo, hi);
-      }
-      dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
-    }
-  }
-  if (grp == 0 && s.lse) s.lse[t * s.lse_row_stride + hq * s.lse_head_stride] = lse;
 }
 
 // The query rows a CTA owns: rows [row, row + rows) of `request`, at positions pos, pos + 1, ...
@@ -544,44 +446,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
 }
 
-// Host launcher of one traits' attention_kernel for the cache format and MMA type.
-template <class Traits>
-void launch_attention(const AttentionParams& p, DType cache, DType q, dim3 grid,
-                      cudaStream_t stream) {
-  auto run = [&]<KvFormat kFormat, class Elem, class QElem>() {
-    constexpr int smem = attention_smem_bytes<Traits, kFormat>();
-    auto kernel = attention_kernel<Traits, kFormat, Elem, QElem>;
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
-    FLASHMSA_CHECK_LAUNCH();
-  };
-  // 16-bit caches compute in their own type (q converted); 8- and 4-bit ones in q's type.
-  auto by_q = [&]<KvFormat kFormat>() {
-    if (q == DType::kFp16) {
-      run.template operator()<kFormat, __half, __half>();
-    } else {
-      run.template operator()<kFormat, __nv_bfloat16, __nv_bfloat16>();
-    }
-  };
-  auto native = [&]<class CacheElem>() {
-    if (q == DType::kFp16) {
-      run.template operator()<KvFormat::kNative16, CacheElem, __half>();
-    } else {
-      run.template operator()<KvFormat::kNative16, CacheElem, __nv_bfloat16>();
-    }
-  };
-  switch (cache) {
-    case DType::kBf16: native.template operator()<__nv_bfloat16>(); break;
-    case DType::kFp16: native.template operator()<__half>(); break;
-    case DType::kFp8E4m3: by_q.template operator()<KvFormat::kE4m3>(); break;
-    case DType::kFp8E5m2: by_q.template operator()<KvFormat::kE5m2>(); break;
-    case DType::kNvfp4: by_q.template operator()<KvFormat::kNvfp4>(); break;
-    default:
-      throw Error(
-          ErrorKind::kUnsupported,
-          detail::concat("the CUDA attention has no kernel for a cache of ", to_string(cache)));
-  }
+// Host launcher of one instantiation (explicitly instantiated by the generated sources listed in
+// cmake/sm90_kernels.cmake; attention_launch.hpp chooses among them at run time).
+template <class Traits, KvFormat kFormat, class Elem, class QElem>
+void launch_attention_kernel(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
+  launch_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid, Traits::kThreads,
+                attention_smem_bytes<Traits, kFormat>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

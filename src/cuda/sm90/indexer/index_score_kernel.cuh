@@ -13,34 +13,12 @@
 #include "flashmsa/error.hpp"
 
 #include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/launch.hpp"
+#include "src/cuda/sm90/indexer/index_score_traits.hpp"
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/page_codec.cuh"
 
 namespace flashmsa::cuda {
-
-template <int kVectors_, int kWarpsM_, int kWarpsN_, int kStages_>
-struct IndexScoreTraits {
-  static constexpr int kVectors = kVectors_;  // (row, index head) pairs per tile
-  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
-  static constexpr int kPageTokens = 128, kDim = 128;
-  static constexpr int kWarpRows = kVectors / kWarpsM, kMTiles = kWarpRows / 16;
-  static constexpr int kWarpCols = kPageTokens / kWarpsN, kNTiles = kWarpCols / 8;
-  static_assert(kMTiles >= 1 && kWarpRows % 16 == 0 && kNTiles % 2 == 0);
-};
-
-// Prefill: 64 rows x 4 index heads per tile, 8 warps of 64 x 64.
-using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
-// Decode: one request's rows (dql x Hidx <= 16 or <= 64), 4 warps splitting each page's keys.
-using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
-using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
-
-template <class Traits, KvFormat kFormat>
-constexpr int index_score_smem_bytes() {
-  constexpr bool kConvert = kFormat != KvFormat::kNative16;
-  return Traits::kVectors * 256 + Traits::kStages * raw_plane_bytes<kFormat>() +
-         (kConvert ? 128 * 256 : 0) + Traits::kWarpsN * Traits::kVectors * 4;
-}
 
 namespace index_score_detail {
 
@@ -265,33 +243,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
 namespace flashmsa::cuda {
 
-// Host launcher: the (cache dtype, query dtype) specialisation of index_score_kernel.
-template <class Traits>
-void launch_index_score(const IndexScoreParams& p, DType cache, bool query_fp8, dim3 grid,
-                        cudaStream_t stream) {
-  auto run = [&](auto kernel, int smem) {
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    kernel<<<grid, Traits::kThreads, smem, stream>>>(p);
-    FLASHMSA_CHECK_LAUNCH();
-  };
-  auto by_query = [&]<KvFormat kFormat>() {
-    constexpr int smem = index_score_smem_bytes<Traits, kFormat>();
-    if (query_fp8) {
-      run(index_score_kernel<Traits, kFormat, true>, smem);
-    } else {
-      run(index_score_kernel<Traits, kFormat, false>, smem);
-    }
-  };
-  switch (cache) {
-    case DType::kBf16: by_query.template operator()<KvFormat::kNative16>(); break;
-    case DType::kFp8E4m3: by_query.template operator()<KvFormat::kE4m3>(); break;
-    case DType::kNvfp4: by_query.template operator()<KvFormat::kNvfp4>(); break;
-    default:
-      throw Error(ErrorKind::kUnsupported,
-                  detail::concat("the CUDA indexer has no kernel for an index cache of ",
-                                 to_string(cache)));
-  }
+// Host launcher of one instantiation (explicitly instantiated by the generated sources listed in
+// cmake/sm90_kernels.cmake; index_score_launch.hpp chooses among them at run time).
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+void launch_index_score_kernel(const IndexScoreParams& p, dim3 grid, cudaStream_t stream) {
+  launch_kernel(index_score_kernel<Traits, kFormat, kQueryFp8>, grid, Traits::kThreads,
+                index_score_smem_bytes<Traits, kFormat>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

@@ -6,18 +6,11 @@
 #include "flashmsa/error.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
-#include "src/cuda/sm90/indexer/index_score_kernel.cuh"
+#include "src/cuda/sm90/indexer/index_score_launch.hpp"
 #include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
 #include "src/index_workspace.hpp"
 
 namespace flashmsa::cuda {
-
-extern template void launch_index_score<IndexScorePrefillTraits>(const IndexScoreParams&, DType,
-                                                                 bool, dim3, cudaStream_t);
-extern template void launch_index_score<IndexScoreDecodeTraits16>(const IndexScoreParams&, DType,
-                                                                  bool, dim3, cudaStream_t);
-extern template void launch_index_score<IndexScoreDecodeTraits64>(const IndexScoreParams&, DType,
-                                                                  bool, dim3, cudaStream_t);
 
 namespace {
 

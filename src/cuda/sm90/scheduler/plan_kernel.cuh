@@ -10,7 +10,8 @@
 
 namespace flashmsa::cuda {
 
-constexpr int kIndexPlanThreads = 1024;
+// 512, not 1024: at 1024 threads the 64-register cap made the int64 scans spill.
+constexpr int kIndexPlanThreads = 512;
 
 struct MaxOp {
   __device__ std::int64_t operator()(std::int64_t a, std::int64_t b) const { return a > b ? a : b; }

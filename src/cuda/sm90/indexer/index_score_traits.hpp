@@ -1,0 +1,33 @@
+// The index scoring kernel's shapes and the shared memory they take per index-cache format: read
+// by the kernel and by its host launchers.
+#pragma once
+
+#include "src/cuda/sm90/kv_format.hpp"
+
+namespace flashmsa::cuda {
+
+template <int kVectors_, int kWarpsM_, int kWarpsN_, int kStages_>
+struct IndexScoreTraits {
+  static constexpr int kVectors = kVectors_;  // (row, index head) pairs per tile
+  static constexpr int kWarpsM = kWarpsM_, kWarpsN = kWarpsN_, kStages = kStages_;
+  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kPageTokens = 128, kDim = 128;
+  static constexpr int kWarpRows = kVectors / kWarpsM, kMTiles = kWarpRows / 16;
+  static constexpr int kWarpCols = kPageTokens / kWarpsN, kNTiles = kWarpCols / 8;
+  static_assert(kMTiles >= 1 && kWarpRows % 16 == 0 && kNTiles % 2 == 0);
+};
+
+// Prefill: 64 rows x 4 index heads per tile, 8 warps of 64 x 64.
+using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
+// Decode: one request's rows (dql x Hidx <= 16 or <= 64), 4 warps splitting each page's keys.
+using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
+using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
+
+template <class Traits, KvFormat kFormat>
+constexpr int index_score_smem_bytes() {
+  constexpr bool kConvert = kFormat != KvFormat::kNative16;
+  return Traits::kVectors * 256 + Traits::kStages * raw_plane_bytes<kFormat>() +
+         (kConvert ? 128 * 256 : 0) + Traits::kWarpsN * Traits::kVectors * 4;
+}
+
+}  // namespace flashmsa::cuda
