@@ -26,6 +26,7 @@
 #include "src/cuda/sm90/attention/attention_traits.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
+#include "src/cuda/sm90/scheduler/tiles.cuh"
 
 namespace flashmsa::cuda {
 
@@ -39,47 +40,6 @@ __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], 
   } else {
     mma_bf16_16816(d, a, b0, b1);
   }
-}
-
-// The query rows a CTA owns: rows [row, row + rows) of `request`, at positions pos, pos + 1, ...
-// A negative position (padding, or lengths shorter than the rows) sees nothing.
-struct Tile {
-  std::int32_t request = -1;
-  std::int64_t row = 0, pos = -1;
-  int rows = 0;
-  bool padding = false;
-  __device__ std::int64_t position(int i) const { return padding ? -1 : pos + i; }
-};
-
-template <class Traits>
-__device__ Tile find_tile(const AttentionParams& p) {
-  Tile tile;
-  const RowMap& m = p.rows;
-  if (m.decode_query_len > 0) {
-    const int dql = m.decode_query_len;
-    const int tiles_per_request = (dql + Traits::kRows - 1) / Traits::kRows;
-    const std::int64_t r = blockIdx.x / tiles_per_request;
-    const int sub = static_cast<int>(blockIdx.x % tiles_per_request) * Traits::kRows;
-    if (r >= m.num_requests) return tile;
-    tile.request = static_cast<std::int32_t>(r);
-    tile.row = r * dql + sub;
-    tile.rows = min(Traits::kRows, dql - sub);
-    const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
-    tile.padding = len <= 0;
-    tile.pos = len - dql + sub;
-    return tile;
-  }
-  // Prefill: the last tiles (longest rows) first, so the heaviest CTAs start in the first wave.
-  const std::int32_t total = p.tile_offset[m.num_requests];
-  const std::int32_t i = total - 1 - static_cast<std::int32_t>(blockIdx.x);
-  if (i < 0) return tile;
-  const std::int32_t lo = m.request_of_tile(p.tile_offset, i);
-  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
-  tile.request = lo;
-  tile.row = begin + std::int64_t{i - p.tile_offset[lo]} * Traits::kRows;
-  tile.rows = static_cast<int>(min64(Traits::kRows, end - tile.row));
-  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
-  return tile;
 }
 
 // Issues the cp.async copies of one page (K then V) into a raw stage; tokens at or after `limit`
@@ -141,7 +101,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
   std::byte* widened = stages + Traits::kStages * kStageBytes;
 
-  const Tile tile = find_tile<Traits>(p);
+  const AttentionTile tile = attention_tile<Traits::kRows>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
   const int kv_head = blockIdx.y, split = blockIdx.z;
   const std::int32_t* table = p.block_table + tile.request * p.table_stride;

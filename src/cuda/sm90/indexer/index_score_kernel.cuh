@@ -17,6 +17,7 @@
 #include "src/cuda/sm90/indexer/index_score_traits.hpp"
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/page_codec.cuh"
+#include "src/cuda/sm90/scheduler/tiles.cuh"
 
 namespace flashmsa::cuda {
 
@@ -49,40 +50,6 @@ __device__ void load_page(const IndexScoreParams& p, std::int64_t page, std::byt
   }
 }
 
-// The tile a CTA scores: request, first row, row count, position of the first row.
-struct Tile {
-  std::int32_t request = -1;
-  std::int64_t row = 0, pos = 0;
-  int rows = 0;
-};
-
-template <class Traits>
-__device__ Tile find_tile(const IndexScoreParams& p, int rows_per_tile) {
-  Tile tile;
-  const RowMap& m = p.rows;
-  if (m.decode_query_len > 0) {
-    const std::int64_t r = p.chunk.begin / m.decode_query_len + blockIdx.x;
-    if (r >= m.num_requests) return tile;
-    const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
-    if (len <= 0) return tile;  // padding: selects nothing
-    tile.request = static_cast<std::int32_t>(r);
-    tile.row = r * m.decode_query_len;
-    tile.rows = m.decode_query_len;
-    tile.pos = len - m.decode_query_len;
-    return tile;
-  }
-  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x);
-  if (i >= p.tile_offset[m.num_requests]) return tile;
-  const std::int32_t lo = m.request_of_tile(p.tile_offset, i);
-  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
-  const std::int64_t first = max64(begin, p.chunk.begin), last = min64(end, p.chunk.end);
-  tile.request = lo;
-  tile.row = first + std::int64_t{i - p.tile_offset[lo]} * rows_per_tile;
-  tile.rows = static_cast<int>(min64(rows_per_tile, last - tile.row));
-  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
-  return tile;
-}
-
 }  // namespace index_score_detail
 
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
@@ -98,7 +65,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   const int hidx = p.num_index_heads;
   const int rows_per_tile = Traits::kVectors / hidx;
-  const Tile tile = find_tile<Traits>(p, rows_per_tile);
+  const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, rows_per_tile);
   if (tile.request < 0 || tile.rows <= 0) return;
   const std::int64_t last_pos = tile.pos + tile.rows - 1;
   if (last_pos < 0) return;
