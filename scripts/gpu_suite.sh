@@ -1,27 +1,29 @@
 #!/usr/bin/env bash
 # Builds FlashMSA on a machine with an H100/H200 and runs the whole GPU suite: the GPU tests, the
-# CPU, CLI and Python tests (torch tensors included), and (with --sanitize) the GPU tests under compute-sanitizer memcheck, racecheck and
-# initcheck. Logs go to build-gpu/logs; with $OUT set (the device tool's output folder, which
-# returns at most 8 files) they are also packed into $OUT/logs.tar.gz, the JSON results beside.
+# CPU, CLI and Python tests (torch tensors included), and with the options below the sanitizers,
+# the reliability run, the benchmark and the microbenchmarks. Logs go to build-gpu/logs; with
+# $OUT set (the device tool's output folder, which returns at most 8 files) they are also packed
+# into $OUT/logs.tar.gz, the JSON results beside.
 #
 # From the development machine (after scripts/setup.sh, which fills .deps/):
-#   device run, carry [".deps/googletest", ".deps/nanobind", ".deps/include"] (and
-#   ".deps/cutlass" once kernels use it), command "scripts/gpu_suite.sh --sanitize"
+#   device run, carry [".deps/googletest", ".deps/nanobind", ".deps/include", ".deps/cutlass"],
+#   command "scripts/gpu_suite.sh --sanitize"
+#
+# Options: --quick (build and run only the GPU tests), --python (with --quick: also the Python
+# tests), --sanitize (compute-sanitizer memcheck, racecheck and initcheck over the GPU tests),
+# --reliability (10^4 differential cases against the CPU backend, a 10^5-step decode-graph soak,
+# 100 bitwise repeats per op), --bench (the CUDA benchmark), --micro (the Hopper
+# microbenchmarks, bench/hopper_microbench.cu, first and alone on the GPU).
+# Environment: GTEST_FILTER narrows the GPU tests and GPU_TEST_SHARDS runs them as concurrent
+# gtest shards (default 1); FLASHMSA_FUZZ_CASES, FLASHMSA_SOAK_STEPS, FLASHMSA_REPEATS,
+# FLASHMSA_FUZZ_SEED size the reliability run and FLASHMSA_FUZZ_SHARDS splits its differential
+# cases over concurrent processes (default 8); SANITIZE_FILTER, SANITIZE_TOOLS (default memcheck
+# racecheck initcheck) and SANITIZE_SHARDS (concurrent shards per tool, default 4) shape the
+# sanitizer runs; BENCH_FILTER (comma-separated case groups) and BENCH_ARGS (e.g. --quick-grid)
+# the benchmark.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
-# Options: --sanitize (add compute-sanitizer runs), --quick (build and run only the GPU tests),
-# --python (with --quick: also build and run the Python tests), --bench (also run the CUDA
-# benchmark), --micro (also run the Hopper microbenchmarks, bench/hopper_microbench.cu; needs
-# .deps/cutlass carried), --reliability (the full reliability run: 10^4 differential cases against the CPU
-# backend, a 10^5-step decode-graph soak, 100 bitwise repeats per op; sizes overridable through
-# FLASHMSA_FUZZ_CASES, FLASHMSA_SOAK_STEPS, FLASHMSA_REPEATS, FLASHMSA_FUZZ_SEED; the
-# differential runs as FLASHMSA_FUZZ_SHARDS concurrent processes, default 8). Environment:
-# GTEST_FILTER narrows the GPU tests, BENCH_FILTER the benchmark cases, SANITIZE_FILTER the tests
-# run under the sanitizers (default: all), SANITIZE_TOOLS the tools (default: memcheck racecheck
-# initcheck), SANITIZE_SHARDS the concurrent gtest shards per tool (default 4), GPU_TEST_SHARDS
-# the concurrent shards of the plain GPU test run (default 1), BENCH_ARGS more benchmark
-# arguments (e.g. --quick-grid).
 sanitize=0 quick=0 bench=0 python=0 reliability=0 micro=0
 for arg in "$@"; do
   case $arg in
