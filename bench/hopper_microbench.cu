@@ -27,18 +27,10 @@
 #include <cute/tensor.hpp>
 #include <nlohmann/json.hpp>
 
+#include "flashmsa/error.hpp"
 #include "src/cuda/sm90/convert.cuh"
 
 namespace {
-
-#define CHECK(call)                                                                               \
-  do {                                                                                            \
-    const cudaError_t e_ = (call);                                                                \
-    if (e_ != cudaSuccess) {                                                                      \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                               \
-    }                                                                                             \
-  } while (0)
 
 int g_sms = 0;
 double g_clock_ghz = 0;
@@ -47,24 +39,24 @@ nlohmann::json g_results = nlohmann::json::array();
 // Median over `trials` of the time of `reps` calls of `launch`, in microseconds per call.
 double time_us(const std::function<void()>& launch, int reps, int trials = 7) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+  FLASHMSA_CHECK_CUDA(cudaEventCreate(&b));
   launch();  // warm-up
-  CHECK(cudaGetLastError());
-  CHECK(cudaDeviceSynchronize());
+  FLASHMSA_CHECK_CUDA(cudaGetLastError());
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   std::vector<double> t;
   for (int i = 0; i < trials; ++i) {
-    CHECK(cudaEventRecord(a));
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(a));
     for (int r = 0; r < reps; ++r) launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
-    CHECK(cudaGetLastError());
+    FLASHMSA_CHECK_CUDA(cudaEventRecord(b));
+    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(b));
+    FLASHMSA_CHECK_CUDA(cudaGetLastError());
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
     t.push_back(1e3 * ms / reps);
   }
-  CHECK(cudaEventDestroy(a));
-  CHECK(cudaEventDestroy(b));
+  FLASHMSA_CHECK_CUDA(cudaEventDestroy(a));
+  FLASHMSA_CHECK_CUDA(cudaEventDestroy(b));
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -230,7 +222,8 @@ __global__ void __launch_bounds__(128, 1)
 
 template <class Kernel>
 void set_smem(Kernel kernel, int bytes) {
-  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  FLASHMSA_CHECK_CUDA(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
 }
 
 void bench_hbm(const std::uint8_t* buffer, std::size_t bytes, std::uint32_t* sink) {
@@ -294,12 +287,12 @@ __global__ void empty_kernel(int pdl) {
 
 void bench_launch() {
   cudaStream_t stream;
-  CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   for (int pdl = 0; pdl < 2; ++pdl) {
     for (int kernels : {1, 2, 4, 8, 16}) {
       cudaGraph_t graph;
       cudaGraphExec_t exec;
-      CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+      FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
       for (int i = 0; i < kernels; ++i) {
         cudaLaunchConfig_t config = {};
         config.gridDim = dim3(1);
@@ -310,22 +303,22 @@ void bench_launch() {
         attribute[0].val.programmaticStreamSerializationAllowed = 1;
         config.attrs = attribute;
         config.numAttrs = pdl && i > 0 ? 1 : 0;
-        CHECK(cudaLaunchKernelEx(&config, empty_kernel, pdl));
+        FLASHMSA_CHECK_CUDA(cudaLaunchKernelEx(&config, empty_kernel, pdl));
       }
-      CHECK(cudaStreamEndCapture(stream, &graph));
-      CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &graph));
+      FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&exec, graph, 0));
       // Event to event around one replay: what a step of a serving loop waits for.
       cudaEvent_t a, b;
-      CHECK(cudaEventCreate(&a));
-      CHECK(cudaEventCreate(&b));
+      FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
+      FLASHMSA_CHECK_CUDA(cudaEventCreate(&b));
       std::vector<double> t;
       for (int r = 0; r < 300; ++r) {
-        CHECK(cudaEventRecord(a, stream));
-        CHECK(cudaGraphLaunch(exec, stream));
-        CHECK(cudaEventRecord(b, stream));
-        CHECK(cudaEventSynchronize(b));
+        FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
+        FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec, stream));
+        FLASHMSA_CHECK_CUDA(cudaEventRecord(b, stream));
+        FLASHMSA_CHECK_CUDA(cudaEventSynchronize(b));
         float ms;
-        CHECK(cudaEventElapsedTime(&ms, a, b));
+        FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, b));
         if (r >= 20) t.push_back(1e3 * ms);
       }
       std::sort(t.begin(), t.end());
@@ -333,13 +326,13 @@ void bench_launch() {
              "graph of " + std::to_string(kernels) + " dependent empty kernels" +
                  (pdl ? ", programmatic dependent launch" : ""),
              t[t.size() / 2], "us", {{"kernels", kernels}, {"pdl", pdl == 1}});
-      CHECK(cudaEventDestroy(a));
-      CHECK(cudaEventDestroy(b));
-      CHECK(cudaGraphExecDestroy(exec));
-      CHECK(cudaGraphDestroy(graph));
+      FLASHMSA_CHECK_CUDA(cudaEventDestroy(a));
+      FLASHMSA_CHECK_CUDA(cudaEventDestroy(b));
+      FLASHMSA_CHECK_CUDA(cudaGraphExecDestroy(exec));
+      FLASHMSA_CHECK_CUDA(cudaGraphDestroy(graph));
     }
   }
-  CHECK(cudaStreamDestroy(stream));
+  FLASHMSA_CHECK_CUDA(cudaStreamDestroy(stream));
 }
 
 // ---- wgmma throughput (CuTe) ----
@@ -518,7 +511,7 @@ __global__ void fill_random_kernel(std::uint32_t* p, std::size_t n) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   std::string json_path, only;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -531,9 +524,9 @@ int main(int argc, char** argv) {
     }
   }
   cudaDeviceProp prop;
-  CHECK(cudaGetDeviceProperties(&prop, 0));
+  FLASHMSA_CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   int clock_khz = 0;
-  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  FLASHMSA_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
   g_sms = prop.multiProcessorCount;
   g_clock_ghz = clock_khz * 1e-6;
   std::printf("%s, %d SMs, %.2f GHz nominal clock, %.0f MB L2\n", prop.name, g_sms, g_clock_ghz,
@@ -545,23 +538,32 @@ int main(int argc, char** argv) {
   const std::size_t bytes = std::size_t(4) << 30;  // beyond the L2 many times over
   std::uint8_t* buffer;
   std::uint32_t* sink;
-  CHECK(cudaMalloc(&buffer, bytes));
-  CHECK(cudaMalloc(&sink, 64));
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&buffer, bytes));
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&sink, 64));
   fill_random_kernel<<<g_sms * 8, 256>>>(reinterpret_cast<std::uint32_t*>(buffer), bytes / 4);
-  CHECK(cudaGetLastError());
+  FLASHMSA_CHECK_CUDA(cudaGetLastError());
   auto want = [&](const char* section) { return only.empty() || only == section; };
   if (want("l2")) bench_l2(buffer, sink);
   if (want("hbm")) bench_hbm(buffer, bytes, sink);
   if (want("launch")) bench_launch();
   if (want("wgmma")) bench_wgmma(reinterpret_cast<float*>(sink));
   if (want("convert")) bench_convert(buffer, sink);
-  CHECK(cudaDeviceSynchronize());
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   if (!json_path.empty()) {
     nlohmann::json doc = {
         {"device", prop.name}, {"sms", g_sms}, {"clock_ghz", g_clock_ghz}, {"results", g_results}};
     std::ofstream(json_path) << doc.dump(2) << "\n";
   }
-  CHECK(cudaFree(buffer));
-  CHECK(cudaFree(sink));
+  FLASHMSA_CHECK_CUDA(cudaFree(buffer));
+  FLASHMSA_CHECK_CUDA(cudaFree(sink));
   return 0;
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "flashmsa_hopper_microbench: %s\n", e.what());
+    return 1;
+  }
 }

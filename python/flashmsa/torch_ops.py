@@ -95,6 +95,14 @@ def _index_device_args(c, index_q, seq_lens, block_table) -> dict:
         c, index_q.shape[0], seq_lens.shape[0], block_table.shape[1]))
 
 
+def _index_setup(index_q, seq_lens, block_table, topk, topk_order, index_dtype, num_kv_heads):
+    """What both index ops need first: their Config, the top-k output and the device args."""
+    c = _config(topk, topk_order, index_dtype, index_q=index_q, num_kv_heads=num_kv_heads)
+    out = torch.empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32,
+                      device=index_q.device)
+    return c, out, _index_device_args(c, index_q, seq_lens, block_table)
+
+
 def _attention_device_args(c, q, seq_lens) -> dict:
     return _device_args(q, lambda: _C.attention_workspace_bytes(c, q.shape[0], seq_lens.shape[0]))
 
@@ -118,10 +126,8 @@ def index_prefill(index_q: torch.Tensor, index_cache: torch.Tensor, cu_seqlens_q
                   index_scales: Optional[torch.Tensor] = None,
                   num_kv_heads: Optional[int] = None) -> torch.Tensor:
     """Top-k block ids, int32 [Hkv, T, topk], for index_q [T, Hidx, Di] over a ragged batch."""
-    c = _config(topk, topk_order, index_dtype, index_q=index_q, num_kv_heads=num_kv_heads)
-    out = torch.empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32,
-                      device=index_q.device)
-    extra = _index_device_args(c, index_q, seq_lens, block_table)
+    c, out, extra = _index_setup(index_q, seq_lens, block_table, topk, topk_order, index_dtype,
+                                 num_kv_heads)
     _C.index_prefill(c, index_q, _index_cache(index_cache, index_dtype, index_scales),
                      cu_seqlens_q, seq_lens, block_table, out=out, **extra)
     return out
@@ -140,10 +146,8 @@ def index_decode(index_q: torch.Tensor, index_cache: torch.Tensor, seq_lens: tor
                  index_scales: Optional[torch.Tensor] = None,
                  num_kv_heads: Optional[int] = None) -> torch.Tensor:
     """Top-k block ids, int32 [Hkv, B * decode_query_len, topk], for decode rows."""
-    c = _config(topk, topk_order, index_dtype, index_q=index_q, num_kv_heads=num_kv_heads)
-    out = torch.empty(_topk_shape(index_q, topk, num_kv_heads), dtype=torch.int32,
-                      device=index_q.device)
-    extra = _index_device_args(c, index_q, seq_lens, block_table)
+    c, out, extra = _index_setup(index_q, seq_lens, block_table, topk, topk_order, index_dtype,
+                                 num_kv_heads)
     _C.index_decode(c, index_q, _index_cache(index_cache, index_dtype, index_scales), seq_lens,
                     block_table, decode_query_len=decode_query_len, out=out, **extra)
     return out
