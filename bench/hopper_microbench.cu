@@ -29,6 +29,7 @@
 
 #include "flashmsa/error.hpp"
 #include "src/cuda/sm90/convert.cuh"
+#include "src/cuda/sm90/page_pipeline.cuh"
 
 namespace {
 
@@ -129,10 +130,6 @@ __global__ void hbm_plain_kernel(const uint4* __restrict__ p, std::size_t n, std
   if (acc == kNever) sink[0] = acc;
 }
 
-__device__ __forceinline__ std::uint32_t smem_u32(const void* p) {
-  return static_cast<std::uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // One CTA per SM, 256 threads; a ring of kStages 16 KB stages, each thread copying 4 x 16 bytes
 // per stage; consuming a stage reads one word per thread.
 constexpr int kCpAsyncThreads = 256, kStageBytes = 16384;
@@ -148,12 +145,10 @@ __global__ void __launch_bounds__(kCpAsyncThreads, 1)
 #pragma unroll
       for (int i = 0; i < kStageBytes / 16 / kCpAsyncThreads; ++i) {
         const int off = (i * kCpAsyncThreads + threadIdx.x) * 16;
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                         smem_u32(ring + slot * kStageBytes + off)),
-                     "l"(p + chunk * kStageBytes + off));
+        flashmsa::cuda::cp_async_16(ring + slot * kStageBytes + off, p + chunk * kStageBytes + off);
       }
     }
-    asm volatile("cp.async.commit_group;");
+    flashmsa::cuda::cp_async_commit();
   };
   for (int s = 0; s < kStages; ++s) issue(blockIdx.x + std::size_t(s) * gridDim.x, s);
   std::uint32_t acc = 0;
@@ -161,42 +156,36 @@ __global__ void __launch_bounds__(kCpAsyncThreads, 1)
     const std::size_t chunk = blockIdx.x + k * gridDim.x;
     if (chunk >= chunks) break;
     const int slot = static_cast<int>(k % kStages);
-    asm volatile("cp.async.wait_group %0;" ::"n"(kStages - 1));
+    flashmsa::cuda::cp_async_wait<kStages - 1>();
     __syncthreads();
     acc ^= reinterpret_cast<const std::uint32_t*>(ring + slot * kStageBytes)[threadIdx.x];
     __syncthreads();
     issue(chunk + std::size_t(kStages) * gridDim.x, slot);
   }
-  asm volatile("cp.async.wait_all;");
+  flashmsa::cuda::cp_async_wait<0>();
   if (acc == kNever) sink[0] = acc;
 }
 
 // One CTA per SM, 128 threads; thread 0 keeps kStages bulk copies of kChunk bytes in flight, each
 // completing on its stage's mbarrier; every thread waits for a stage and reads one word of it.
+// (The primitives of page_pipeline.cuh; the ring here keeps all kStages in flight while the
+// kernels' BulkCopyPageRing keeps kStages - 1 and computes on the last.)
 template <int kStages, int kChunk>
 __global__ void __launch_bounds__(128, 1)
     hbm_bulk_kernel(const std::uint8_t* __restrict__ p, std::size_t bytes, std::uint32_t* sink) {
   extern __shared__ __align__(128) std::uint8_t ring[];
   __shared__ __align__(8) std::uint64_t full[kStages];
   const std::size_t chunks = bytes / kChunk;
+  using namespace flashmsa::cuda;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kStages; ++s) {
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&full[s])));
-    }
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int s = 0; s < kStages; ++s) mbarrier_init(&full[s], 1);
+    fence_mbarrier_init();
   }
   __syncthreads();
   auto issue = [&](std::size_t chunk, int slot) {
     if (chunk >= chunks) return;
-    asm volatile(
-        "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(&full[slot])),
-        "r"(kChunk)
-        : "memory");
-    asm volatile(
-        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
-        "[%3];" ::"r"(smem_u32(ring + slot * kChunk)),
-        "l"(p + chunk * kChunk), "r"(kChunk), "r"(smem_u32(&full[slot]))
-        : "memory");
+    mbarrier_arrive_expect_tx(&full[slot], kChunk);
+    bulk_copy_to_shared(ring + slot * kChunk, p + chunk * kChunk, kChunk, &full[slot]);
   };
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) issue(blockIdx.x + std::size_t(s) * gridDim.x, s);
@@ -206,13 +195,7 @@ __global__ void __launch_bounds__(128, 1)
     const std::size_t chunk = blockIdx.x + k * gridDim.x;
     if (chunk >= chunks) break;
     const int slot = static_cast<int>(k % kStages);
-    const std::uint32_t parity = static_cast<std::uint32_t>(k / kStages) & 1;
-    asm volatile(
-        "{\n .reg .pred done;\n wait:\n"
-        " mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        " @!done bra wait;\n}" ::"r"(smem_u32(&full[slot])),
-        "r"(parity)
-        : "memory");
+    mbarrier_wait(&full[slot], static_cast<std::uint32_t>(k / kStages) & 1);
     acc ^= reinterpret_cast<const std::uint32_t*>(ring + slot * kChunk)[threadIdx.x];
     __syncthreads();  // every thread is done with the slot before it is refilled
     if (threadIdx.x == 0) issue(chunk + std::size_t(kStages) * gridDim.x, slot);

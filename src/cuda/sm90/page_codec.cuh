@@ -1,6 +1,7 @@
 // The page-format codec every sm90 kernel reads cache pages through: the formats and plane sizes
-// of kv_format.hpp, and the exact widening of a raw 8- or 4-bit stage into the swizzled 16-bit
-// tiles the tensor cores read. Register-level widening routes for the rewrites are in convert.cuh.
+// of kv_format.hpp, the copy of one plane of a page into a raw stage (load_raw_plane), and the
+// exact widening of a raw 8- or 4-bit stage into the swizzled 16-bit tiles the tensor cores read.
+// Register-level widening routes for the rewrites are in convert.cuh.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -8,11 +9,49 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "src/cuda/common/device_plane.hpp"
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/sm90/convert.cuh"
 #include "src/cuda/sm90/kv_format.hpp"
 
 namespace flashmsa::cuda {
+
+// Issues the cp.async copies (kThreads threads, each its share) of one plane of (page, head) into
+// a raw stage of raw_plane_bytes<kFormat>(): the 128 token rows (16-bit rows straight into the
+// swizzled MMA layout, 8- and 4-bit rows as they are), then for NVFP4 the rows' scales from
+// `scales`. Tokens at or after `limit` are zero-filled without being read.
+template <int kThreads, KvFormat kFormat>
+__device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const DevicePlane& scales,
+                                               std::int64_t page, int head, int limit,
+                                               std::byte* dst) {
+  const std::byte* base = src.row(page, head, 0);
+  if constexpr (kFormat == KvFormat::kNative16) {
+    // Each thread keeps one 16-byte column and walks the tokens (few address computations).
+    static_assert(kThreads % kRowChunks == 0);
+    constexpr int kStep = kThreads / kRowChunks;
+    const int chunk = threadIdx.x % kRowChunks;
+    const std::byte* from = base + (threadIdx.x / kRowChunks) * src.token_stride + chunk * 16;
+#pragma unroll 4
+    for (int token = threadIdx.x / kRowChunks; token < 128; token += kStep) {
+      cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16, from, token < limit);
+      from += kStep * src.token_stride;
+    }
+  } else {
+    constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : 8;  // 16-byte pieces per row
+    for (int i = threadIdx.x; i < 128 * kChunks; i += kThreads) {
+      const int token = i / kChunks, chunk = i % kChunks;
+      cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
+                          token < limit);
+    }
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      const std::byte* scale_rows = scales.row(page, head, 0);
+      for (int token = threadIdx.x; token < 128; token += kThreads) {
+        cp_async_8_or_zero(dst + 128 * 64 + token * 8, scale_rows + token * scales.token_stride,
+                           token < limit);
+      }
+    }
+  }
+}
 
 // Widens kPlanes consecutive raw planes of a stage into as many swizzled 16-bit tiles (128 x 256
 // bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in

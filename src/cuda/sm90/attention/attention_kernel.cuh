@@ -2,13 +2,14 @@
 // one kv head, over the union of the pages the tile's rows selected (see attention_params.hpp).
 //
 // Work split: warp (row, key part) owns one query row's G <= 16 query heads (the 16 rows of an
-// m16n8k16 MMA) and 128 / kKeySplit keys of every page. A page is loaded once per CTA (cp.async
-// ring; tokens after the tile's last position are zero-filled, never read) and every warp whose
-// row selected it attends to it: S = Q K^T and O += P V with mma.sync, fp32 accumulation and an
-// online softmax in log2 units; P is rounded to the MMA type (bf16 or fp16) for P V, as the spec
-// allows. A warp whose row did not select a page skips it, so random selections cost loads but
-// no wasted MMAs, and coherent selections (neighbouring rows picking the same pages) share them.
-// E4M3 / E5M2 / NVFP4 pages are widened exactly to the 16-bit MMA type in shared memory.
+// m16n8k16 MMA) and 128 / kKeySplit keys of every page. A page is loaded once per CTA (the
+// cp.async ring of page_pipeline.cuh; tokens after the tile's last position are zero-filled,
+// never read) and every warp whose row selected it attends to it: S = Q K^T and O += P V with
+// the mma.sync pieces of warp_mma.cuh, fp32 accumulation and an online softmax in log2 units; P is
+// rounded to the MMA type (bf16 or fp16) for P V, as the spec allows. A warp whose row did not
+// select a page skips it, so random selections cost loads but no wasted MMAs, and coherent
+// selections (neighbouring rows picking the same pages) share them. E4M3 / E5M2 / NVFP4 pages are
+// widened exactly to the 16-bit MMA type in shared memory.
 //
 // The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
 // fp32 / MXFP8 and the log-sum-exp) or, with several splits, a normalised fp32 partial and its
@@ -26,71 +27,16 @@
 #include "src/cuda/sm90/attention/attention_traits.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
+#include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
+#include "src/cuda/sm90/warp_mma.cuh"
 
 namespace flashmsa::cuda {
-
-namespace attention_detail {
-
-template <class Elem>
-__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
-                                    std::uint32_t b1) {
-  if constexpr (std::is_same_v<Elem, __half>) {
-    mma_fp16_16816(d, a, b0, b1);
-  } else {
-    mma_bf16_16816(d, a, b0, b1);
-  }
-}
-
-// Issues the cp.async copies of one page (K then V) into a raw stage; tokens at or after `limit`
-// are zero-filled without being read.
-template <class Traits, KvFormat kFormat>
-__device__ void load_page(const AttentionParams& p, std::int64_t page, int kv_head, int limit,
-                          std::byte* stage) {
-  constexpr int kHalf = kv_raw_page_bytes<kFormat>() / 2;
-  for (int plane = 0; plane < 2; ++plane) {
-    const DevicePlane& src = plane == 0 ? p.k : p.v;
-    const std::byte* base = src.data + page * src.page_stride + kv_head * src.head_stride;
-    std::byte* dst = stage + plane * kHalf;
-    if constexpr (kFormat == KvFormat::kNative16) {
-      // Each thread keeps one 16-byte column and walks the tokens (few address computations).
-      static_assert(Traits::kThreads % kRowChunks == 0);
-      constexpr int kStep = Traits::kThreads / kRowChunks;
-      const int chunk = threadIdx.x % kRowChunks;
-      const std::byte* from = base + (threadIdx.x / kRowChunks) * src.token_stride + chunk * 16;
-#pragma unroll 4
-      for (int token = threadIdx.x / kRowChunks; token < 128; token += kStep) {
-        cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16, from, token < limit);
-        from += kStep * src.token_stride;
-      }
-    } else if constexpr (kFormat == KvFormat::kNvfp4) {
-      for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
-        const int token = i / 4, chunk = i % 4;
-        cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
-                            token < limit);
-      }
-      const DevicePlane& sc = plane == 0 ? p.k_scales : p.v_scales;
-      const std::byte* scales = sc.data + page * sc.page_stride + kv_head * sc.head_stride;
-      for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
-        cp_async_8_or_zero(dst + 128 * 64 + token * 8, scales + token * sc.token_stride,
-                           token < limit);
-      }
-    } else {
-      for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
-        const int token = i / 8, chunk = i % 8;
-        cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
-                            token < limit);
-      }
-    }
-  }
-}
-
-}  // namespace attention_detail
 
 template <class Traits, KvFormat kFormat, class Elem, class QElem>
 __global__ void __launch_bounds__(Traits::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
-  using namespace attention_detail;
+  using namespace attention_detail;  // the epilogue's pieces
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
   constexpr int kStageBytes = kv_raw_page_bytes<kFormat>();
   extern __shared__ __align__(128) std::byte smem[];
@@ -206,16 +152,20 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int per_split = (num_entries + p.splits - 1) / p.splits;
   const int begin = min(num_entries, split * per_split);
   const int end = min(num_entries, begin + per_split);
-  auto issue = [&](int e, int stage) {
-    const std::int64_t page = entry_page(e);
-    if (page < 0) return;
-    const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
-    load_page<Traits, kFormat>(p, page, kv_head, limit, stages + stage * kStageBytes);
+  // Entry e's page (K plane, then V plane) goes through the ring as its page e - begin; tokens
+  // after the tile's last position are zero-filled, never read.
+  const CpAsyncPageRing<Traits::kStages, kStageBytes> ring{stages};
+  auto fill = [&](int e) {
+    ring.fill(e - begin, [&](std::byte* stage) {
+      const std::int64_t page = e < end ? entry_page(e) : -1;
+      if (page < 0) return;
+      const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
+      load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
+      load_raw_plane<Traits::kThreads, kFormat>(p.v, p.v_scales, page, kv_head, limit,
+                                                stage + raw_plane_bytes<kFormat>());
+    });
   };
-  for (int s = 0; s < Traits::kStages - 1; ++s) {
-    if (begin + s < end) issue(begin + s, s);
-    cp_async_commit();
-  }
+  for (int s = 0; s < Traits::kStages - 1; ++s) fill(begin + s);
 
   cp_async_wait<Traits::kStages - 1>();  // the queries' group (pages may still be in flight)
   __syncthreads();
@@ -223,12 +173,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
-  std::uint32_t qf[8][4];
+  std::uint32_t qf[8][1][4];  // the row's queries as A fragments, one per 16 dims
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    ldmatrix_x4(qf[ks],
-                q_tile + swizzled_chunk(warp_row * 16 + lane % 16, 2 * ks + lane / 16) * 16);
-  }
+  for (int ks = 0; ks < 8; ++ks) load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
   float o[16][4];
 #pragma unroll
   for (auto& n : o) {
@@ -237,14 +184,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   for (int e = begin; e < end; ++e) {
-    cp_async_wait<Traits::kStages - 2>();
-    __syncthreads();
-    {
-      const int next = e + Traits::kStages - 1;
-      if (next < end) issue(next, (next - begin) % Traits::kStages);
-      cp_async_commit();
-    }
-    const std::byte* tiles = stages + ((e - begin) % Traits::kStages) * kStageBytes;
+    ring.wait(e - begin);
+    fill(e + Traits::kStages - 1);
+    const std::byte* tiles = ring.stage(e - begin);
     if constexpr (kWiden) {
       if (entry_page(e) >= 0) widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened);
       __syncthreads();
@@ -259,22 +201,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const int key0 = key_part * Traits::kWarpKeys + kc * Traits::kChunkKeys;
       if (first_key + key0 > my_pos) break;
       constexpr int kNT = Traits::kChunkKeys / 8;
-      float s[kNT][4];
+      float scores[1][kNT][4];
 #pragma unroll
-      for (auto& n : s) {
+      for (auto& n : scores[0]) {
         for (float& x : n) x = 0.0f;
       }
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-        for (int np = 0; np < kNT / 2; ++np) {
-          std::uint32_t b[4];
-          const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
-          mma<Elem>(s[2 * np], qf[ks], b[0], b[1]);
-          mma<Elem>(s[2 * np + 1], qf[ks], b[2], b[3]);
-        }
-      }
+      for (int ks = 0; ks < 8; ++ks) qk_step<Elem, 1, kNT>(scores, qf[ks], k_tile, key0, ks, lane);
+      auto& s = scores[0];
       const bool all_visible = first_key + key0 + Traits::kChunkKeys - 1 <= my_pos;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
@@ -319,27 +253,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                     pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                     pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
         // Keys after this row's position have P = 0, but 0 x NaN is NaN: their values (written
-        // for later rows, possibly non-finite) are zeroed in the fragment. The B fragment holds
-        // keys 2 (lane % 4) + {0, 1} (b[0], b[2]) and those + 8 (b[1], b[3]), low half first.
+        // for later rows, possibly non-finite) are zeroed in the fragment (see pv_step).
         std::uint32_t keep_lo = 0xFFFFFFFFu, keep_hi = 0xFFFFFFFFu;
         if (!all_visible) {
           const std::int64_t k = first_key + key0 + 16 * kk + 2 * (lane % 4);
           keep_lo = (k <= my_pos ? 0x0000FFFFu : 0u) | (k + 1 <= my_pos ? 0xFFFF0000u : 0u);
           keep_hi = (k + 8 <= my_pos ? 0x0000FFFFu : 0u) | (k + 9 <= my_pos ? 0xFFFF0000u : 0u);
         }
-#pragma unroll
-        for (int np = 0; np < 8; ++np) {
-          std::uint32_t b[4];
-          const int key = key0 + 16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3);
-          ldmatrix_x4_trans(b, v_tile + swizzled_chunk(key, 2 * np + (lane >> 4)) * 16);
-          b[0] &= keep_lo, b[2] &= keep_lo, b[1] &= keep_hi, b[3] &= keep_hi;
-          mma<Elem>(o[2 * np], a, b[0], b[1]);
-          mma<Elem>(o[2 * np + 1], a, b[2], b[3]);
-        }
+        pv_step<Elem>(o, a, v_tile, key0 + 16 * kk, keep_lo, keep_hi, lane);
       }
     }
   }
-  cp_async_wait<0>();
+  ring.drain();
   __syncthreads();  // the ring is free: the epilogue reuses it
 
   // ---- Epilogue: each warp's (max, sum, unnormalised O) to shared memory ----

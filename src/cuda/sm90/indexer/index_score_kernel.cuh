@@ -1,8 +1,9 @@
 // index_score_kernel: block scores of one query tile against the index-K pages of one split.
 //
 // A CTA holds its tile's index queries (kVectors (row, index head) pairs x 128 dims, bf16) in
-// shared memory and streams the tile's visible pages through a cp.async ring. Per page, warps
-// compute S = Q K^T with mma.sync (warp tile kWarpRows x kWarpCols), mask keys after each row's
+// shared memory and streams the tile's visible pages through the cp.async ring of
+// page_pipeline.cuh. Per page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile
+// kWarpRows x kWarpCols), mask keys after each row's
 // position, reduce each row to its block max (rank order: NaN as -1e30) and write one fp32 per
 // (index head, row, block). E4M3 and NVFP4 keys are widened to bf16 in shared memory (exactly:
 // both formats are subsets of bf16), so every cache dtype shares the bf16 tensor-core path.
@@ -17,45 +18,15 @@
 #include "src/cuda/sm90/indexer/index_score_traits.hpp"
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/page_codec.cuh"
+#include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
+#include "src/cuda/sm90/warp_mma.cuh"
 
 namespace flashmsa::cuda {
-
-namespace index_score_detail {
-
-// Issues the cp.async copies of one page's rows into a raw stage.
-template <class Traits, KvFormat kFormat>
-__device__ void load_page(const IndexScoreParams& p, std::int64_t page, std::byte* stage) {
-  const std::byte* base = p.keys.data + page * p.keys.page_stride;
-  if constexpr (kFormat == KvFormat::kNative16) {
-    for (int i = threadIdx.x; i < 128 * kRowChunks; i += Traits::kThreads) {
-      const int token = i / kRowChunks, chunk = i % kRowChunks;
-      cp_async_16(stage + swizzled_chunk(token, chunk) * 16,
-                  base + token * p.keys.token_stride + chunk * 16);
-    }
-  } else if constexpr (kFormat == KvFormat::kE4m3) {
-    for (int i = threadIdx.x; i < 128 * 8; i += Traits::kThreads) {
-      const int token = i / 8, chunk = i % 8;
-      cp_async_16(stage + i * 16, base + token * p.keys.token_stride + chunk * 16);
-    }
-  } else {
-    for (int i = threadIdx.x; i < 128 * 4; i += Traits::kThreads) {
-      const int token = i / 4, chunk = i % 4;
-      cp_async_16(stage + i * 16, base + token * p.keys.token_stride + chunk * 16);
-    }
-    const std::byte* scales = p.key_scales.data + page * p.key_scales.page_stride;
-    for (int token = threadIdx.x; token < 128; token += Traits::kThreads) {
-      cp_async_8(stage + 128 * 64 + token * 8, scales + token * p.key_scales.token_stride);
-    }
-  }
-}
-
-}  // namespace index_score_detail
 
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
-  using namespace index_score_detail;
   constexpr bool kConvert = kFormat != KvFormat::kNative16;
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
@@ -81,12 +52,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
   };
 
   // Pages first (they take longest), then the queries.
-  for (int s = 0; s < Traits::kStages - 1; ++s) {
-    if (s < num_blocks && page_of(s) >= 0) {
-      load_page<Traits, kFormat>(p, page_of(s), stages + s * raw_plane_bytes<kFormat>());
-    }
-    cp_async_commit();
-  }
+  const CpAsyncPageRing<Traits::kStages, raw_plane_bytes<kFormat>()> ring{stages};
+  auto fill = [&](int i) {
+    ring.fill(i, [&](std::byte* stage) {
+      const std::int64_t page = i < num_blocks ? page_of(i) : -1;
+      if (page >= 0)
+        load_raw_plane<Traits::kThreads, kFormat>(p.keys, p.key_scales, page, 0, 128, stage);
+    });
+  };
+  for (int s = 0; s < Traits::kStages - 1; ++s) fill(s);
   for (int i = threadIdx.x; i < Traits::kVectors * kRowChunks; i += Traits::kThreads) {
     const int v = i / kRowChunks, chunk = i % kRowChunks;
     const int row = v / hidx, head = v % hidx;
@@ -116,19 +90,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const float nan = __int_as_float(0x7fc00000);
 
   for (int i = 0; i < num_blocks; ++i) {
-    cp_async_wait<Traits::kStages - 2>();
-    __syncthreads();
-    {
-      const int next = i + Traits::kStages - 1;
-      if (next < num_blocks && page_of(next) >= 0) {
-        load_page<Traits, kFormat>(p, page_of(next),
-                                   stages + (next % Traits::kStages) * raw_plane_bytes<kFormat>());
-      }
-      cp_async_commit();
-    }
+    ring.wait(i);
+    fill(i + Traits::kStages - 1);
     const std::int64_t block = block_begin + i;
     const bool page_ok = page_of(i) >= 0;
-    const std::byte* k_tile = stages + (i % Traits::kStages) * raw_plane_bytes<kFormat>();
+    const std::byte* k_tile = ring.stage(i);
     if constexpr (kConvert) {
       if (page_ok) widen_planes<Traits::kThreads, kFormat, __nv_bfloat16, 1>(k_tile, widened);
       __syncthreads();
@@ -147,20 +113,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
         std::uint32_t a[Traits::kMTiles][4];
 #pragma unroll
         for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-          const int row = warp_m * Traits::kWarpRows + mt * 16 + lane % 16;
-          ldmatrix_x4(a[mt], q_tile + swizzled_chunk(row, 2 * ks + lane / 16) * 16);
+          load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
         }
-#pragma unroll
-        for (int np = 0; np < Traits::kNTiles / 2; ++np) {
-          std::uint32_t b[4];
-          const int key = warp_n * Traits::kWarpCols + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
-#pragma unroll
-          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-            mma_bf16_16816(acc[mt][2 * np], a[mt], b[0], b[1]);
-            mma_bf16_16816(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-          }
-        }
+        qk_step<__nv_bfloat16, Traits::kMTiles, Traits::kNTiles>(
+            acc, a, k_tile, warp_n * Traits::kWarpCols, ks, lane);
       }
     }
 
@@ -203,7 +159,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
                block] = m;
     }
   }
-  cp_async_wait<0>();
+  ring.drain();
 }
 
 }  // namespace flashmsa::cuda

@@ -1,0 +1,77 @@
+// The warp-level pieces of the two products the sm90 kernels compute with mma.sync m16n8k16 (16-bit
+// operands, fp32 accumulators), on 128-dim tiles in the swizzled shared-memory layout of
+// device_utils.cuh:
+//   S = Q K^T   load_a_fragment (16 query rows x 16 dims) and qk_step (one 16-dim step against
+//               8-key columns of a K tile; the index scoring and the attention both use it)
+//   O += P V    pv_step (16 rows x 16 keys of P, from S's accumulators, against a V tile read
+//               transposed, over all 128 dims)
+// Accumulator layout (PTX m16n8 C fragment): lane holds rows lane / 4 and lane / 4 + 8, columns
+// 2 (lane % 4) + {0, 1}; d[0], d[1] the first row, d[2], d[3] the second.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <type_traits>
+
+#include "src/cuda/common/device_utils.cuh"
+
+namespace flashmsa::cuda {
+
+// D += A B with the 16-bit type Elem (__half or __nv_bfloat16).
+template <class Elem>
+__device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
+                                    std::uint32_t b1) {
+  if constexpr (std::is_same_v<Elem, __half>) {
+    mma_fp16_16816(d, a, b0, b1);
+  } else {
+    mma_bf16_16816(d, a, b0, b1);
+  }
+}
+
+// The A fragment of rows [row0, row0 + 16), dims [16 ks, 16 ks + 16) of a swizzled tile.
+__device__ __forceinline__ void load_a_fragment(std::uint32_t (&a)[4], const std::byte* tile,
+                                                int row0, int ks, int lane) {
+  ldmatrix_x4(a, tile + swizzled_chunk(row0 + lane % 16, 2 * ks + lane / 16) * 16);
+}
+
+// One 16-dim step (dims [16 ks, 16 ks + 16)) of S = Q K^T for kMT row tiles and kNT columns of 8
+// keys from key0: acc[m][n] += a[m] . K[key0 + 8 n .. + 8]^T. Each K fragment is loaded once and
+// used by every row tile.
+template <class Elem, int kMT, int kNT>
+__device__ __forceinline__ void qk_step(float (&acc)[kMT][kNT][4], const std::uint32_t (&a)[kMT][4],
+                                        const std::byte* k_tile, int key0, int ks, int lane) {
+  static_assert(kNT % 2 == 0, "keys are loaded 16 at a time");
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    std::uint32_t b[4];
+    const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+    ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma<Elem>(acc[mt][2 * np], a[mt], b[0], b[1]);
+      mma<Elem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
+// O += P V for the 16 keys from key0: p is the A fragment of P (16 rows x 16 keys, packed to
+// Elem), o[n] the accumulators of dims [8 n, 8 n + 8). keep_lo / keep_hi are ANDed into the value
+// fragments of keys 2 (lane % 4) + {0, 1} and those + 8 (low half of each word first): a caller
+// zeroes there the values of keys a row must not see, because P = 0 times a non-finite value is
+// still NaN.
+template <class Elem>
+__device__ __forceinline__ void pv_step(float (&o)[16][4], const std::uint32_t (&p)[4],
+                                        const std::byte* v_tile, int key0, std::uint32_t keep_lo,
+                                        std::uint32_t keep_hi, int lane) {
+#pragma unroll
+  for (int np = 0; np < 8; ++np) {
+    std::uint32_t b[4];
+    const int key = key0 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    ldmatrix_x4_trans(b, v_tile + swizzled_chunk(key, 2 * np + (lane >> 4)) * 16);
+    b[0] &= keep_lo, b[2] &= keep_lo, b[1] &= keep_hi, b[3] &= keep_hi;
+    mma<Elem>(o[2 * np], p, b[0], b[1]);
+    mma<Elem>(o[2 * np + 1], p, b[2], b[3]);
+  }
+}
+
+}  // namespace flashmsa::cuda
