@@ -157,7 +157,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const CpAsyncPageRing<Traits::kStages, kStageBytes> ring{stages};
   auto fill = [&](int e) {
     ring.fill(e - begin, [&](std::byte* stage) {
-      const std::int64_t page = e < end ? entry_page(e) : -1;
+      if (e >= end) return;
+      const std::int64_t page = entry_page(e);
       if (page < 0) return;
       const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
       load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
