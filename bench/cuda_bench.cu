@@ -683,6 +683,15 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
 // and 4, every cache kind) instead of the whole grid.
 bool g_quick_grid = false;
 
+// Every measured decode-grid step, for the headline floors of issue 16 (write_json).
+struct DecodePoint {
+  std::string kind;
+  std::int64_t batch = 0, len = 0;
+  int dql = 0;
+  double step_us = 0, bytes = 0;
+};
+std::vector<DecodePoint> g_decode_points;
+
 void decode_grid() {
   const std::vector<std::int64_t> batches = g_quick_grid
                                                 ? std::vector<std::int64_t>{1, 64}
@@ -698,6 +707,8 @@ void decode_grid() {
         if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
         for (int dql : {1, 4}) {
           const DecodeTimes t = run_decode(kind, b, len, dql);
+          g_decode_points.push_back(
+              {kind.name, b, len, dql, t.step.median_s * 1e6, static_cast<double>(t.step_bytes)});
           char name[160];
           std::snprintf(name, sizeof name, "decode grid %s %lldx%lldK dql%d", kind.name,
                         static_cast<long long>(b), static_cast<long long>(len / 1024), dql);
@@ -907,6 +918,49 @@ void production_cases(const std::string& path) {
 }
 
 // The results as JSON (names escaped, NaN and Inf as null: it always parses).
+// Issue 16's floors: a decode step may take at most 10 us + bytes / (f C), with C the same-run
+// HBM read ceiling and f 0.95 for bf16 caches, 0.90 for fp8 and NVFP4.
+double decode_floor_us(const DecodePoint& d) {
+  const double f = d.kind == "bf16" ? 0.95 : 0.90;
+  return 10.0 + d.bytes / (f * g_hbm_tbps * 1e12) * 1e6;
+}
+
+// The headline keys the issue's floors are read from; a key whose grid point did not run (a
+// --quick-grid or filtered run) is left out. decode_worst_floor_ratio is the largest measured /
+// floor over the points that ran (decode_floor_points of them).
+nlohmann::ordered_json headline() {
+  using Json = nlohmann::ordered_json;
+  Json h = Json::object();
+  auto point = [](const char* kind, std::int64_t b, std::int64_t len) -> const DecodePoint* {
+    for (const DecodePoint& d : g_decode_points) {
+      if (d.kind == kind && d.batch == b && d.len == len && d.dql == 1) return &d;
+    }
+    return nullptr;
+  };
+  auto hbm = [](const DecodePoint* d) {
+    return d->bytes / (d->step_us * 1e-6) / 1e12 / g_hbm_tbps;
+  };
+  if (const auto* d = point("bf16", 1, 8192)) h["decode_bf16_1x8K_us"] = d->step_us;
+  if (const auto* d = point("bf16", 8, 32768)) h["decode_bf16_8x32K_us"] = d->step_us;
+  if (const auto* d = point("bf16", 64, 32768)) h["decode_bf16_64x32K_hbm"] = hbm(d);
+  if (const auto* d = point("bf16", 128, 131072)) h["decode_bf16_128x128K_hbm"] = hbm(d);
+  const DecodePoint* bf16 = point("bf16", 64, 32768);
+  if (const auto* d = point("fp8", 64, 32768); d && bf16) {
+    h["decode_fp8_speedup_64x32K"] = bf16->step_us / d->step_us;
+  }
+  if (const auto* d = point("nvfp4", 64, 32768); d && bf16) {
+    h["decode_nvfp4_speedup_64x32K"] = bf16->step_us / d->step_us;
+  }
+  if (!g_decode_points.empty()) {
+    double worst = 0;
+    for (const DecodePoint& d : g_decode_points)
+      worst = std::max(worst, d.step_us / decode_floor_us(d));
+    h["decode_worst_floor_ratio"] = worst;
+    h["decode_floor_points"] = g_decode_points.size();
+  }
+  return h;
+}
+
 void write_json(const char* path) {
   using Json = nlohmann::ordered_json;
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
@@ -927,6 +981,7 @@ void write_json(const char* path) {
             {"hbm_read_tbps", number(g_hbm_tbps)},
             {"bf16_gemm_tflops", number(g_gemm_tflops)},
             {"fp8_gemm_tflops", number(g_fp8_gemm_tflops)},
+            {"headline", headline()},
             {"cases", cases}}
            .dump(2)
     << "\n";
