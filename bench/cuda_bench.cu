@@ -18,6 +18,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -26,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "flashmsa/flashmsa.hpp"
+#include "src/cuda/common/phase_clock.hpp"
 #include "src/cuda/cuda_ops.hpp"  // index_decode_phases: scoring timed apart from top-k
 
 namespace {
@@ -579,6 +581,9 @@ struct DecodeTimes {
   std::int64_t step_bytes = 0, attention_bytes = 0;
 };
 
+// Set by decode_phases: called with the first step graph once the step has been timed.
+std::function<void(cudaGraphExec_t, cudaStream_t)> g_step_study;
+
 DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_t len, int dql) {
   const Config c = config_for(kind);
   const std::int64_t max_blocks = (len + 127) / 128, rows = requests * dql;
@@ -640,6 +645,7 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   }
   DecodeTimes t;
   t.step = time_graphs(graphs[0], stream);  // also leaves valid top-k lists
+  if (g_step_study) g_step_study(graphs[0][0], stream);
   t.indexer = time_graphs(graphs[1], stream);
   t.attention = time_graphs(graphs[2], stream);
   t.score = time_graphs(graphs[3], stream);
@@ -675,6 +681,104 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
   const double attention = t.attention_bytes / t.attention.median_s / 1e12;
   report("decode sparse attention alone (graph), " + shape, attention, "TB/s",
          attention / g_hbm_tbps, t.attention);
+}
+
+// Where a decode step's time goes (issue 16): the step graph replayed with every kernel's phase
+// clock set (src/cuda/common/phase_clock.hpp), 15 samples after warm-up. Per kernel, when its
+// first CTA starts and its last one ends (globaltimer, from the step's first CTA start); per CTA
+// of the attention and the scoring, the median time of each phase (clock64 at the boost clock).
+// The step's event time less the kernels' span is the graph launch and the gaps it leaves.
+void decode_phases(std::int64_t requests, std::int64_t len) {
+  using flashmsa::cuda::kPhaseSlots;
+  using flashmsa::cuda::PhaseKernel;
+  constexpr std::int64_t kCtas = 1 << 14;
+  struct Kernel {
+    PhaseKernel id;
+    const char* name;
+    std::vector<const char*> phases;  // what ends at each stamp after the first
+  };
+  const Kernel kernels[] = {
+      {PhaseKernel::kIndexScore, "index scoring", {"first page landed", "pages scored"}},
+      {PhaseKernel::kIndexTopk, "top-k", {"selection"}},
+      {PhaseKernel::kAttention,
+       "attention",
+       {"union built", "queries + first page landed", "pages attended", "epilogue"}},
+      {PhaseKernel::kAttentionCombine, "split combine", {"merge + stores"}}};
+  std::vector<std::unique_ptr<DeviceArray<unsigned long long>>> stamps;
+  for (const Kernel& k : kernels) {
+    stamps.push_back(
+        std::make_unique<DeviceArray<unsigned long long>>(std::size_t(kCtas * 2 * kPhaseSlots)));
+    flashmsa::cuda::phase_clock(k.id) = {stamps.back()->ptr, kCtas};
+  }
+  int clock_khz = 0;
+  FLASHMSA_CHECK_CUDA(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  // metric name -> one value per sample (us)
+  std::vector<std::pair<std::string, std::vector<double>>> metrics;
+  auto add = [&](const std::string& name, double us) {
+    for (auto& [n, v] : metrics) {
+      if (n == name) return v.push_back(us);
+    }
+    metrics.push_back({name, {us}});
+  };
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  g_step_study = [&](cudaGraphExec_t step, cudaStream_t stream) {
+    for (int warm = 0; warm < 10; ++warm) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(step, stream));
+    for (int sample = 0; sample < 15; ++sample) {
+      for (auto& b : stamps)
+        FLASHMSA_CHECK_CUDA(cudaMemsetAsync(b->ptr, 0, b->n * sizeof(unsigned long long), stream));
+      FLASHMSA_CHECK_CUDA(cudaGraphLaunch(step, stream));
+      FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+      std::vector<std::vector<unsigned long long>> host;
+      for (auto& b : stamps) {
+        host.emplace_back(b->n);
+        FLASHMSA_CHECK_CUDA(
+            cudaMemcpy(host.back().data(), b->ptr, b->n * 8, cudaMemcpyDeviceToHost));
+      }
+      unsigned long long t0 = ~0ull;
+      for (std::int64_t c = 0; c < kCtas; ++c) {
+        if (host[0][c * 2 * kPhaseSlots]) t0 = std::min(t0, host[0][c * 2 * kPhaseSlots]);
+      }
+      for (std::size_t k = 0; k < std::size(kernels); ++k) {
+        const int last = static_cast<int>(kernels[k].phases.size());
+        unsigned long long first_start = ~0ull, last_end = 0;
+        std::vector<std::vector<double>> phase_us(last + 1);
+        for (std::int64_t c = 0; c < kCtas; ++c) {
+          const unsigned long long* row = host[k].data() + c * 2 * kPhaseSlots;
+          if (row[0] == 0) continue;
+          first_start = std::min(first_start, row[0]);
+          if (row[last]) last_end = std::max(last_end, row[last]);
+          for (int ph = 1; ph <= last; ++ph) {  // cycles since the previous recorded phase
+            int prev = ph - 1;
+            while (prev > 0 && row[prev] == 0) --prev;
+            const unsigned long long* cyc = row + kPhaseSlots;
+            if (row[ph] && cyc[ph] >= cyc[prev])
+              phase_us[ph].push_back(double(cyc[ph] - cyc[prev]) / clock_khz * 1e3);
+          }
+        }
+        if (first_start == ~0ull) continue;  // not launched (no split combine)
+        const std::string name = kernels[k].name;
+        add(name + ": first CTA starts", double(first_start - t0) * 1e-3);
+        add(name + ": last CTA ends", double(last_end - t0) * 1e-3);
+        for (int ph = 1; ph <= last; ++ph) {
+          if (!phase_us[ph].empty())
+            add(name + ": per CTA, " + kernels[k].phases[ph - 1], median(phase_us[ph]));
+        }
+      }
+    }
+  };
+  const DecodeTimes t = run_decode(kCacheKinds[0], requests, len, 1);
+  g_step_study = nullptr;
+  for (const Kernel& k : kernels) flashmsa::cuda::phase_clock(k.id) = {};
+  const std::string shape =
+      "decode phases bf16 " + std::to_string(requests) + "x" + std::to_string(len / 1024) + "K: ";
+  report(shape + "step (graph, events)", t.step.median_s * 1e6, "us", 1.0, t.step);
+  for (const auto& [name, v] : metrics) {
+    const double us = median(v);
+    report(shape + name, us, "us", us / (t.step.median_s * 1e6), Stat{us * 1e-6, 0.0});
+  }
 }
 
 // The decode grid: batch x context x query length x cache dtype, skipping what does not fit.
@@ -1045,6 +1149,8 @@ int main(int argc, char** argv) {
       {"decode step 1x8K", [] { decode_step(1, 8192, 1); }},
       {"decode step 64x32K dql4", [] { decode_step(64, 32768, 4); }},
       {"decode grid", decode_grid},
+      {"decode phases 1x8K", [] { decode_phases(1, 8192); }},
+      {"decode phases 64x32K", [] { decode_phases(64, 32768); }},
       {"prefill end to end", prefill_end_to_end},
       {"production prefill set", [&] { production_cases(cases_path); }},
   };

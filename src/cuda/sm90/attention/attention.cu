@@ -24,6 +24,7 @@ constexpr int kCombineBatch = 8;               // splits loaded before they are 
 
 __global__ void __launch_bounds__(kAttentionCombineThreads)
     attention_combine_kernel(const __grid_constant__ AttentionParams p) {
+  phase_stamp(p.combine_clock, 0);
   __shared__ __align__(16) float merged[16 * 128];
   __shared__ float merged_lse[16];
   const std::int64_t t = blockIdx.x;
@@ -78,6 +79,7 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
   for (int j = 0; j < 32; ++j) out[j] = merged[store_head * 128 + grp * 32 + j];
   attention_detail::store_group(p.store, t, blockIdx.y * p.group + store_head, grp, out,
                                 merged_lse[store_head]);
+  phase_stamp(p.combine_clock, 1);
 }
 
 // Prefill rows no request covers (inconsistent cu_seqlens) get zeros and -inf, as on the CPU.
@@ -122,6 +124,8 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
   }
 
   AttentionParams p;
+  p.clock = phase_clock(PhaseKernel::kAttention);
+  p.combine_clock = phase_clock(PhaseKernel::kAttentionCombine);
   p.q = q.data;
   p.q_row_stride = q.stride[0];
   p.q_head_stride = q.stride[1];

@@ -47,6 +47,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
   std::byte* widened = stages + Traits::kStages * kStageBytes;
 
+  phase_stamp(p.clock, 0);
   const AttentionTile tile = attention_tile<Traits::kRows>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
   const int kv_head = blockIdx.y, split = blockIdx.z;
@@ -138,6 +139,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     num_entries = carry;
   }
+  phase_stamp(p.clock, 1);  // the union is built
   // Dense entries: the rows whose position reaches the block, if the table has its page.
   auto entry_page = [&](int e) -> std::int64_t { return p.topk ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return p.topk ? union_block[e] : e; };
@@ -186,6 +188,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   for (int e = begin; e < end; ++e) {
     ring.wait(e - begin);
+    if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
     fill(e + Traits::kStages - 1);
     const std::byte* tiles = ring.stage(e - begin);
     if constexpr (kWiden) {
@@ -267,6 +270,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
   ring.drain();
   __syncthreads();  // the ring is free: the epilogue reuses it
+  phase_stamp(p.clock, 3);
 
   // ---- Epilogue: each warp's (max, sum, unnormalised O) to shared memory ----
   static_assert(Traits::kWarps * 16 * (Traits::kPartialStride + 2) * 4 <=
@@ -330,6 +334,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       if (grp == 0) p.partial_lse[vec] = lse;
     }
   }
+  phase_stamp(p.clock, 4);
 }
 
 // Host launcher of one instantiation (explicitly instantiated by the generated sources listed in

@@ -17,6 +17,7 @@
 #include "flashmsa/dtype.hpp"
 #include "flashmsa/formats/block_scaled.hpp"
 #include "src/cuda/common/device_plane.hpp"
+#include "src/cuda/common/phase_clock.hpp"
 #include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
@@ -53,10 +54,11 @@ struct AttentionParams {
   const std::int32_t* topk = nullptr;
   std::int64_t topk_stride[3] = {};
   std::int32_t topk_width = 0;
-  std::int32_t splits = 1;       // grid.z: each split takes a share of the tile's pages
-  AttentionStore store;          // final outputs (splits == 1)
-  float* partial_out = nullptr;  // splits > 1: [splits, T, Hq, D] fp32, normalised per split
-  float* partial_lse = nullptr;  // [splits, T, Hq] natural log-sum-exp of each split
+  std::int32_t splits = 1;          // grid.z: each split takes a share of the tile's pages
+  AttentionStore store;             // final outputs (splits == 1)
+  float* partial_out = nullptr;     // splits > 1: [splits, T, Hq, D] fp32, normalised per split
+  float* partial_lse = nullptr;     // [splits, T, Hq] natural log-sum-exp of each split
+  PhaseClock clock, combine_clock;  // latency studies only (phase_clock.hpp)
 };
 
 }  // namespace flashmsa::cuda

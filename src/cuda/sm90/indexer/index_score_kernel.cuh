@@ -28,6 +28,7 @@ template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   constexpr bool kConvert = kFormat != KvFormat::kNative16;
+  phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   std::byte* stages = q_tile + Traits::kVectors * 256;
@@ -91,6 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   for (int i = 0; i < num_blocks; ++i) {
     ring.wait(i);
+    if (i == 0) phase_stamp(p.clock, 1);  // the first page has landed
     fill(i + Traits::kStages - 1);
     const std::int64_t block = block_begin + i;
     const bool page_ok = page_of(i) >= 0;
@@ -160,6 +162,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   }
   ring.drain();
+  phase_stamp(p.clock, 2);
 }
 
 }  // namespace flashmsa::cuda

@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   __shared__ std::int32_t selected[kMaxTopk], ordered[kMaxTopk];
   extern __shared__ std::uint32_t keys[];  // [max_blocks]
 
+  phase_stamp(p.clock, 0);
   const std::int64_t t = p.chunk.begin + blockIdx.x;
   const int kv_head = static_cast<int>(blockIdx.y);
   const std::int64_t pos = p.rows.position(t);
@@ -160,6 +161,7 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   for (int i = threadIdx.x; i < p.topk; i += kIndexTopkThreads) {
     out[i * p.topk_stride[2]] = i < k ? result[i] : -1;
   }
+  phase_stamp(p.clock, 1);
 }
 
 }  // namespace flashmsa::cuda

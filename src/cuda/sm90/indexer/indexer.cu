@@ -82,8 +82,10 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
   s.max_blocks = static_cast<std::int32_t>(max_blocks);
   s.num_index_heads = static_cast<std::int32_t>(hidx);
   s.scores = reinterpret_cast<float*>(l.workspace + l.layout.scores);
+  s.clock = phase_clock(PhaseKernel::kIndexScore);
 
   IndexTopkParams& k = l.topk;
+  k.clock = phase_clock(PhaseKernel::kIndexTopk);
   k.scores = s.scores;
   k.max_blocks = s.max_blocks;
   k.group = static_cast<std::int32_t>(hidx / hkv);

@@ -14,6 +14,7 @@
 #include "flashmsa/config.hpp"
 #include "flashmsa/dtype.hpp"
 #include "src/cuda/common/device_plane.hpp"
+#include "src/cuda/common/phase_clock.hpp"
 #include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
@@ -33,6 +34,7 @@ struct IndexScoreParams {
   const std::int32_t* tile_offset = nullptr;  // prefill: [B + 1] first tile of each request
   IndexChunk chunk;
   float* scores = nullptr;  // [Hidx, chunk rows, max_blocks]
+  PhaseClock clock;         // latency studies only (phase_clock.hpp)
 };
 
 struct IndexTopkParams {
@@ -48,6 +50,7 @@ struct IndexTopkParams {
   float* block_scores = nullptr;  // optional [Hkv, T, width]
   std::int64_t block_scores_stride[3] = {};
   std::int32_t block_scores_width = 0;
+  PhaseClock clock;  // latency studies only (phase_clock.hpp)
 };
 
 }  // namespace flashmsa::cuda

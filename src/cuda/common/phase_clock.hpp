@@ -1,0 +1,42 @@
+// Per-phase device timestamps for latency studies (issue 16: where a decode step's time goes).
+//
+// A kernel whose parameters carry a PhaseClock with stamps has thread 0 of every CTA record, at
+// each of its phase boundaries, %globaltimer (ns, comparable across SMs and kernels) into
+// stamps[cta][phase] and clock64 (SM cycles, fine-grained within a CTA) into
+// stamps[cta][kPhaseSlots + phase]. Without stamps (the default) a boundary costs one uniform
+// branch. The host side sets a clock per kernel with phase_clock(kernel) before the launches (or
+// a graph capture) that should record; the benchmark's "decode phases" case does.
+#pragma once
+
+#include <cstdint>
+
+namespace flashmsa::cuda {
+
+enum class PhaseKernel : int { kIndexScore, kIndexTopk, kAttention, kAttentionCombine, kCount };
+constexpr int kPhaseSlots = 8;  // phases per CTA at most
+
+struct PhaseClock {
+  unsigned long long* stamps = nullptr;  // [capacity][2 * kPhaseSlots], device memory
+  std::int64_t capacity = 0;             // CTAs with a row; later CTAs record nothing
+};
+
+// The clock the next launches of `kernel` record into (host; none unless a study sets one).
+inline PhaseClock& phase_clock(PhaseKernel kernel) {
+  static PhaseClock clocks[static_cast<int>(PhaseKernel::kCount)];
+  return clocks[static_cast<int>(kernel)];
+}
+
+#ifdef __CUDACC__
+__device__ __forceinline__ void phase_stamp(const PhaseClock& c, int phase) {
+  if (c.stamps == nullptr || threadIdx.x != 0) return;
+  const std::int64_t cta =
+      blockIdx.x + std::int64_t{gridDim.x} * (blockIdx.y + std::int64_t{gridDim.y} * blockIdx.z);
+  if (cta >= c.capacity) return;
+  unsigned long long ns;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+  c.stamps[cta * 2 * kPhaseSlots + phase] = ns;
+  c.stamps[cta * 2 * kPhaseSlots + kPhaseSlots + phase] = clock64();
+}
+#endif
+
+}  // namespace flashmsa::cuda
