@@ -54,4 +54,28 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, c
   FLASHMSA_CHECK_LAUNCH();
 }
 
+// The same as a programmatic dependent of the stream's previous kernel: its CTAs may be launched
+// while that kernel still runs (once every CTA of it has called allow_next_kernel() or exited),
+// which hides the launch latency between the kernels of a decode step. The kernel must call
+// wait_for_previous_kernel() before it reads or writes memory that earlier work touches.
+template <class... Params, class... Args>
+void launch_dependent_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                             cudaStream_t stream, Args&&... args) {
+  if (smem > 0) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = 1;
+  FLASHMSA_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 }  // namespace flashmsa::cuda

@@ -119,6 +119,16 @@ __device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) {
   return a > b ? a : b;
 }
 
+// Programmatic dependent launch (sm_90, launch_dependent_kernel): wait until the stream's
+// previous kernel has completed and its writes are visible (at once when this kernel was not
+// launched as its dependent), and let the next kernel's CTAs launch while this one runs.
+__device__ __forceinline__ void wait_for_previous_kernel() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void allow_next_kernel() {
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // 2^x by the SFU (ex2.approx.ftz: about 2 ulp; -inf gives +0).
 __device__ __forceinline__ float fast_exp2(float x) {
   float y;

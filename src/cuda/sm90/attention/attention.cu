@@ -14,16 +14,18 @@
 namespace flashmsa::cuda {
 
 // Log-sum-exp merge of the splits: one CTA per (row, kv head). A thread per (head, 4 dims) merges
-// its float4 of every split, 8 splits' loads in flight at a time (the partials are a few KB per
+// its float4 of every split, 16 splits' loads in flight at a time (the partials are a few KB per
 // row: the merge is latency-bound, and one thread walking 16 splits one load after another took
 // 18 us); the merged rows then go through shared memory to a thread per (head, group of 32) for
 // the stores (MXFP8 quantizes groups of 32). Each value's arithmetic, in split order, is the
 // same as a plain loop's, so the result does not depend on the thread layout.
 constexpr int kAttentionCombineThreads = 512;  // 16 heads x 32 float4 of D = 128
-constexpr int kCombineBatch = 8;               // splits loaded before they are merged
+constexpr int kCombineBatch = 16;              // splits loaded before they are merged
 
 __global__ void __launch_bounds__(kAttentionCombineThreads)
     attention_combine_kernel(const __grid_constant__ AttentionParams p) {
+  wait_for_previous_kernel();  // launched as a dependent of the attention
+  allow_next_kernel();
   phase_stamp(p.combine_clock, 0);
   __shared__ __align__(16) float merged[16 * 128];
   __shared__ float merged_lse[16];
@@ -271,9 +273,9 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
     launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
   }
   if (p.splits > 1) {
-    launch_kernel(attention_combine_kernel,
-                  dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
-                  kAttentionCombineThreads, 0, s, p);
+    launch_dependent_kernel(attention_combine_kernel,
+                            dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
+                            kAttentionCombineThreads, 0, s, p);
   }
 }
 

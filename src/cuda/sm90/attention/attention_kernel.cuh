@@ -47,6 +47,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
   std::byte* widened = stages + Traits::kStages * kStageBytes;
 
+  wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
+  allow_next_kernel();
   phase_stamp(p.clock, 0);
   const AttentionTile tile = attention_tile<Traits::kRows>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
@@ -91,8 +93,42 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   // ---- The union of the tile's selected pages, ascending, with the rows that chose each ----
   int num_entries;
+  // A selection entry that counts: visible to its row and with a page in the table.
+  auto selected_block = [&](int i, int j) -> std::int64_t {
+    const std::int64_t b = p.topk[kv_head * p.topk_stride[0] + (tile.row + i) * p.topk_stride[1] +
+                                  j * p.topk_stride[2]];
+    const std::int64_t pos = tile.position(i);
+    return pos >= 0 && b >= 0 && b <= pos / 128 && page_of(b) >= 0 ? b : -1;
+  };
   if (p.topk == nullptr) {
     num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
+  } else if (tile.rows * p.topk_width <= Traits::kThreads) {
+    // Few candidates (decode): a thread per (row, slot). The first occurrence of each block
+    // collects the rows that chose it and takes the place given by the number of distinct
+    // blocks below it, so the union comes out ascending without a pass over the context.
+    const int candidates = tile.rows * p.topk_width, c = threadIdx.x;
+    auto* block_of = reinterpret_cast<std::int32_t*>(stages);  // stages are free until the ring
+    auto* first = block_of + Traits::kThreads;
+    const std::int64_t b = c < candidates ? selected_block(c / p.topk_width, c % p.topk_width) : -1;
+    if (c < candidates) block_of[c] = static_cast<std::int32_t>(b);
+    __syncthreads();
+    std::uint32_t mask = 0;
+    bool is_first = b >= 0;
+    for (int o = 0; o < candidates && b >= 0; ++o) {
+      if (block_of[o] != b) continue;
+      mask |= 1u << (o / p.topk_width);
+      is_first = is_first && o >= c;
+    }
+    if (c < candidates) first[c] = is_first;
+    __syncthreads();
+    if (is_first) {
+      int rank = 0;
+      for (int o = 0; o < candidates; ++o) rank += first[o] && block_of[o] < b;
+      union_block[rank] = static_cast<std::int32_t>(b);
+      union_page[rank] = static_cast<std::int32_t>(page_of(b));
+      union_mask[rank] = mask;
+    }
+    num_entries = __syncthreads_count(is_first);
   } else {
     using Scan = cub::BlockScan<int, Traits::kThreads>;
     auto* marks = reinterpret_cast<std::uint32_t*>(stages);  // stages are free until the ring
@@ -106,13 +142,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
       for (int i = threadIdx.x; i < window; i += Traits::kThreads) marks[i] = 0;
       __syncthreads();
       for (int c = threadIdx.x; c < candidates; c += Traits::kThreads) {
-        const int i = c / p.topk_width, j = c % p.topk_width;
-        const std::int64_t b = p.topk[kv_head * p.topk_stride[0] +
-                                      (tile.row + i) * p.topk_stride[1] + j * p.topk_stride[2]];
-        const std::int64_t pos = tile.position(i);
-        if (b >= w0 && b < w0 + window && pos >= 0 && b <= pos / 128 && page_of(b) >= 0) {
-          atomicOr(&marks[b - w0], 1u << i);
-        }
+        const std::int64_t b = selected_block(c / p.topk_width, c % p.topk_width);
+        if (b >= w0 && b < w0 + window) atomicOr(&marks[b - w0], 1u << (c / p.topk_width));
       }
       __syncthreads();
       // Each thread compacts a run of consecutive blocks: the union comes out ascending.
@@ -297,41 +328,53 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
   __syncthreads();
 
-  // ---- Merge the key parts of each (row, head) and store 32 values per thread and step ----
-  constexpr float kLn2 = 0.6931471805599453f;
-  for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
-    const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
+  // ---- Merge the key parts of each (row, head) ----
+  // Values [col, col + W) of (row, head): merged over the key parts, normalised into v; returns
+  // the natural log-sum-exp. Every part is merged, empty ones with weight 0: a NaN sum (NaN or
+  // +Inf score) or a NaN value behind a zero weight must reach the row, as in the CPU backend.
+  auto merge = [&]<int W>(int row, int head, int col, float(&v)[W]) {
     float m = -INFINITY;
     for (int w = 0; w < Traits::kKeySplit; ++w) {
       m = fmaxf(m, part_max[(row * Traits::kKeySplit + w) * 16 + head]);
     }
     const float ref = m == -INFINITY ? 0.0f : m;  // no key anywhere: scales exp2(-inf) = 0
-    float v[32] = {};
     float l = 0.0f;
-    // Every part is merged, empty ones with weight 0: a NaN sum (NaN or +Inf score) or a NaN
-    // value behind a zero weight must reach the row, as in the CPU backend.
+#pragma unroll
+    for (int j = 0; j < W; ++j) v[j] = 0.0f;
 #pragma unroll
     for (int w = 0; w < Traits::kKeySplit; ++w) {
       const int slot = (row * Traits::kKeySplit + w) * 16 + head;
       const float scale = fast_exp2(part_max[slot] - ref);
       l += scale * part_sum[slot];
-      add_scaled_group(v, part_o + slot * Traits::kPartialStride + grp * 32, scale);
+      add_scaled(v, part_o + slot * Traits::kPartialStride + col, scale);
     }
     const OutputScale out_scale = output_scale(l, m, p.v_scale);
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] *= out_scale.inv;
-    const float lse = out_scale.lse_log2 * kLn2;
-    const std::int64_t t = tile.row + row;
-    const int hq = kv_head * p.group + head;
-    if (p.splits == 1) {
-      store_group(p.store, t, hq, grp, v, lse);
-    } else {
-      const std::int64_t vec = (std::int64_t{split} * p.num_rows + t) * p.num_q_heads + hq;
-      auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + grp * 32);
-#pragma unroll
-      for (int j = 0; j < 8; ++j)
-        dst[j] = make_float4(v[4 * j], v[4 * j + 1], v[4 * j + 2], v[4 * j + 3]);
-      if (grp == 0) p.partial_lse[vec] = lse;
+    for (int j = 0; j < W; ++j) v[j] *= out_scale.inv;
+    constexpr float kLn2 = 0.6931471805599453f;
+    return out_scale.lse_log2 * kLn2;
+  };
+  if (p.splits == 1) {
+    // Final outputs by groups of 32 values (MXFP8 quantizes 32 at a time).
+    for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
+      const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
+      float v[32];
+      const float lse = merge(row, head, grp * 32, v);
+      store_group(p.store, tile.row + row, kv_head * p.group + head, grp, v, lse);
+    }
+  } else {
+    // fp32 partials by pieces of 8 values: 4x the threads share the merge, which is on the
+    // latency path of small decode batches (the ones with splits).
+    for (int item = threadIdx.x; item < tile.rows * p.group * 16; item += Traits::kThreads) {
+      const int row = item / (p.group * 16), head = (item / 16) % p.group, piece = item % 16;
+      float v[8];
+      const float lse = merge(row, head, piece * 8, v);
+      const std::int64_t vec = (std::int64_t{split} * p.num_rows + tile.row + row) * p.num_q_heads +
+                               kv_head * p.group + head;
+      auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + piece * 8);
+      dst[0] = make_float4(v[0], v[1], v[2], v[3]);
+      dst[1] = make_float4(v[4], v[5], v[6], v[7]);
+      if (piece == 0) p.partial_lse[vec] = lse;
     }
   }
   phase_stamp(p.clock, 4);
@@ -341,8 +384,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
 // cmake/sm90_kernels.cmake; attention_launch.hpp chooses among them at run time).
 template <class Traits, KvFormat kFormat, class Elem, class QElem>
 void launch_attention_kernel(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid, Traits::kThreads,
-                attention_smem_bytes<Traits, kFormat>(), stream, p);
+  launch_dependent_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid, Traits::kThreads,
+                          attention_smem_bytes<Traits, kFormat>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

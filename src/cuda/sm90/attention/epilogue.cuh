@@ -23,11 +23,13 @@ __device__ __forceinline__ OutputScale output_scale(float l, float m, float v_sc
   return {__int_as_float(0x7FC00000), __int_as_float(0x7FC00000)};
 }
 
-// v += w * src[0, 32): one (row, head)'s group of 32 output values weighted into a merge.
-__device__ __forceinline__ void add_scaled_group(float (&v)[32], const float* src, float w) {
+// v += w * src[0, W): part of one (row, head)'s output values weighted into a merge.
+template <int W>
+__device__ __forceinline__ void add_scaled(float (&v)[W], const float* src, float w) {
+  static_assert(W % 4 == 0);
   const auto* src4 = reinterpret_cast<const float4*>(src);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
+  for (int j = 0; j < W / 4; ++j) {
     const float4 x = src4[j];
     v[4 * j] += w * x.x;
     v[4 * j + 1] += w * x.y;

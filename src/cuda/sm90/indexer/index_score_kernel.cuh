@@ -28,6 +28,8 @@ template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   constexpr bool kConvert = kFormat != KvFormat::kNative16;
+  wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
+  allow_next_kernel();
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
@@ -173,8 +175,8 @@ namespace flashmsa::cuda {
 // cmake/sm90_kernels.cmake; index_score_launch.hpp chooses among them at run time).
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 void launch_index_score_kernel(const IndexScoreParams& p, dim3 grid, cudaStream_t stream) {
-  launch_kernel(index_score_kernel<Traits, kFormat, kQueryFp8>, grid, Traits::kThreads,
-                index_score_smem_bytes<Traits, kFormat>(), stream, p);
+  launch_dependent_kernel(index_score_kernel<Traits, kFormat, kQueryFp8>, grid, Traits::kThreads,
+                          index_score_smem_bytes<Traits, kFormat>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

@@ -5,7 +5,8 @@
 // radix select (4 passes of 8 bits over the keys in shared memory) finds the k-th largest key T
 // and how many blocks equal to T to take; ties go to the smaller block id, so the selected set
 // is exactly the CPU backend's. Block scans then place the ids in ascending order, and the
-// score order (at most 64 ids) is a rank sort.
+// score order (at most 64 ids) is a rank sort. Rows with at most one block per thread (contexts
+// up to 16K) skip the radix passes: each block's rank is counted directly.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -39,6 +40,8 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   __shared__ std::int32_t selected[kMaxTopk], ordered[kMaxTopk];
   extern __shared__ std::uint32_t keys[];  // [max_blocks]
 
+  wait_for_previous_kernel();  // launched as a dependent of the scoring
+  allow_next_kernel();
   phase_stamp(p.clock, 0);
   const std::int64_t t = p.chunk.begin + blockIdx.x;
   const int kv_head = static_cast<int>(blockIdx.y);
@@ -65,77 +68,94 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   }
   __syncthreads();
 
-  // Threshold key and how many blocks equal to it are taken (all blocks when nvb <= topk).
-  std::uint32_t threshold = 0;
-  int need_equal = nvb;
-  if (nvb > p.topk) {
-    std::uint32_t prefix = 0, mask = 0;
-    int need = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-      for (int i = threadIdx.x; i < 256; i += kIndexTopkThreads) histogram[i] = 0;
-      __syncthreads();
-      for (int b = threadIdx.x; b < nvb; b += kIndexTopkThreads) {
-        if ((keys[b] & mask) == prefix) atomicAdd(&histogram[(keys[b] >> shift) & 255u], 1u);
-      }
-      __syncthreads();
-      if (threadIdx.x < 32) {
-        const int lane = threadIdx.x;
-        int sum = 0;
-        for (int j = 0; j < 8; ++j) sum += static_cast<int>(histogram[8 * lane + j]);
-        int suffix = sum;  // blocks in the digits of lanes >= this one
-        for (int o = 1; o < 32; o <<= 1) {
-          const int other = __shfl_down_sync(0xffffffffu, suffix, o);
-          if (lane + o < 32) suffix += other;
+  if (nvb <= kIndexTopkThreads) {
+    // Few blocks (contexts up to 16K): a thread per block counts the blocks that rank before it
+    // (key desc, id asc) and keeps its block if fewer than k do; one scan places the kept ids
+    // in ascending order. The same set as the radix select below, without its passes.
+    const int b = threadIdx.x;
+    bool take = false;
+    if (b < nvb) {
+      const std::uint32_t key = keys[b];
+      int rank = 0;
+      for (int o = 0; o < nvb; ++o) rank += keys[o] > key || (keys[o] == key && o < b);
+      take = rank < k;
+    }
+    int position;
+    Scan(scan_storage).ExclusiveSum(static_cast<int>(take), position);
+    if (take) selected[position] = b;
+  } else {
+    // Threshold key and how many blocks equal to it are taken (all blocks when nvb <= topk).
+    std::uint32_t threshold = 0;
+    int need_equal = nvb;
+    if (nvb > p.topk) {
+      std::uint32_t prefix = 0, mask = 0;
+      int need = k;
+      for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += kIndexTopkThreads) histogram[i] = 0;
+        __syncthreads();
+        for (int b = threadIdx.x; b < nvb; b += kIndexTopkThreads) {
+          if ((keys[b] & mask) == prefix) atomicAdd(&histogram[(keys[b] >> shift) & 255u], 1u);
         }
-        const int above = suffix - sum;
-        if (above < need && need <= suffix) {
-          int acc = above;
-          for (int digit = 8 * lane + 7; digit >= 8 * lane; --digit) {
-            const int c = static_cast<int>(histogram[digit]);
-            if (acc + c >= need) {
-              s_prefix = prefix | (static_cast<std::uint32_t>(digit) << shift);
-              s_need = need - acc;
-              break;
+        __syncthreads();
+        if (threadIdx.x < 32) {
+          const int lane = threadIdx.x;
+          int sum = 0;
+          for (int j = 0; j < 8; ++j) sum += static_cast<int>(histogram[8 * lane + j]);
+          int suffix = sum;  // blocks in the digits of lanes >= this one
+          for (int o = 1; o < 32; o <<= 1) {
+            const int other = __shfl_down_sync(0xffffffffu, suffix, o);
+            if (lane + o < 32) suffix += other;
+          }
+          const int above = suffix - sum;
+          if (above < need && need <= suffix) {
+            int acc = above;
+            for (int digit = 8 * lane + 7; digit >= 8 * lane; --digit) {
+              const int c = static_cast<int>(histogram[digit]);
+              if (acc + c >= need) {
+                s_prefix = prefix | (static_cast<std::uint32_t>(digit) << shift);
+                s_need = need - acc;
+                break;
+              }
+              acc += c;
             }
-            acc += c;
           }
         }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        mask |= 255u << shift;
       }
-      __syncthreads();
-      prefix = s_prefix;
-      need = s_need;
-      mask |= 255u << shift;
+      threshold = prefix;
+      need_equal = need;
     }
-    threshold = prefix;
-    need_equal = need;
-  }
 
-  // Each thread owns a contiguous run of ids; two scans give the equal-key ranks and the output
-  // positions in ascending id order.
-  const int per_thread = (nvb + kIndexTopkThreads - 1) / kIndexTopkThreads;
-  const int lo = min(nvb, static_cast<int>(threadIdx.x) * per_thread);
-  const int hi = min(nvb, lo + per_thread);
-  int equal_here = 0;
-  for (int b = lo; b < hi; ++b) equal_here += keys[b] == threshold;
-  int equal_before;
-  Scan(scan_storage).ExclusiveSum(equal_here, equal_before);
-  __syncthreads();
-  auto taken = [&](int b, int& equal_seen) {
-    if (keys[b] > threshold) return true;
-    if (keys[b] != threshold) return false;
-    return equal_before + equal_seen++ < need_equal;
-  };
-  int count_here = 0;
-  {
-    int equal_seen = 0;
-    for (int b = lo; b < hi; ++b) count_here += taken(b, equal_seen);
-  }
-  int position;
-  Scan(scan_storage).ExclusiveSum(count_here, position);
-  {
-    int equal_seen = 0;
-    for (int b = lo; b < hi; ++b) {
-      if (taken(b, equal_seen)) selected[position++] = b;
+    // Each thread owns a contiguous run of ids; two scans give the equal-key ranks and the output
+    // positions in ascending id order.
+    const int per_thread = (nvb + kIndexTopkThreads - 1) / kIndexTopkThreads;
+    const int lo = min(nvb, static_cast<int>(threadIdx.x) * per_thread);
+    const int hi = min(nvb, lo + per_thread);
+    int equal_here = 0;
+    for (int b = lo; b < hi; ++b) equal_here += keys[b] == threshold;
+    int equal_before;
+    Scan(scan_storage).ExclusiveSum(equal_here, equal_before);
+    __syncthreads();
+    auto taken = [&](int b, int& equal_seen) {
+      if (keys[b] > threshold) return true;
+      if (keys[b] != threshold) return false;
+      return equal_before + equal_seen++ < need_equal;
+    };
+    int count_here = 0;
+    {
+      int equal_seen = 0;
+      for (int b = lo; b < hi; ++b) count_here += taken(b, equal_seen);
+    }
+    int position;
+    Scan(scan_storage).ExclusiveSum(count_here, position);
+    {
+      int equal_seen = 0;
+      for (int b = lo; b < hi; ++b) {
+        if (taken(b, equal_seen)) selected[position++] = b;
+      }
     }
   }
   __syncthreads();

@@ -106,9 +106,10 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
 void launch_topk(const Launch& l, std::int64_t hkv) {
   if (l.topk.chunk.rows() == 0) return;
   const int smem = 4 * l.topk.max_blocks;
-  launch_kernel(index_topk_kernel,
-                dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
-                kIndexTopkThreads, smem, l.stream, l.topk);
+  launch_dependent_kernel(
+      index_topk_kernel,
+      dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
+      kIndexTopkThreads, smem, l.stream, l.topk);
 }
 
 }  // namespace
