@@ -703,7 +703,9 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
       {PhaseKernel::kAttention,
        "attention",
        {"union built", "queries + first page landed", "pages attended", "epilogue"}},
-      {PhaseKernel::kAttentionCombine, "split combine", {"merge + stores"}}};
+      {PhaseKernel::kAttentionCombine,
+       "split combine",
+       {"log-sum-exps read", "partials merged", "stores"}}};
   std::vector<std::unique_ptr<DeviceArray<unsigned long long>>> stamps;
   for (const Kernel& k : kernels) {
     stamps.push_back(

@@ -121,7 +121,8 @@ __device__ __forceinline__ std::int64_t max64(std::int64_t a, std::int64_t b) {
 
 // Programmatic dependent launch (sm_90, launch_dependent_kernel): wait until the stream's
 // previous kernel has completed and its writes are visible (at once when this kernel was not
-// launched as its dependent), and let the next kernel's CTAs launch while this one runs.
+// launched as its dependent), and let the next kernel's CTAs launch while this one runs (called
+// near the end of the main work: launched early, they would only sit waiting on the SMs).
 __device__ __forceinline__ void wait_for_previous_kernel() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 }

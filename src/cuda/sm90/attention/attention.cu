@@ -25,7 +25,6 @@ constexpr int kCombineBatch = 16;              // splits loaded before they are 
 __global__ void __launch_bounds__(kAttentionCombineThreads)
     attention_combine_kernel(const __grid_constant__ AttentionParams p) {
   wait_for_previous_kernel();  // launched as a dependent of the attention
-  allow_next_kernel();
   phase_stamp(p.combine_clock, 0);
   __shared__ __align__(16) float merged[16 * 128];
   __shared__ float merged_lse[16];
@@ -43,6 +42,7 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
 #pragma unroll
       for (int j = 0; j < kCombineBatch; ++j) m = fmaxf(m, lse[j]);
     }
+    phase_stamp(p.combine_clock, 1);              // the splits' log-sum-exps are read
     const float ref = m == -INFINITY ? 0.0f : m;  // every split empty: weights exp(-inf) = 0
     float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     float l = 0.0f;
@@ -74,6 +74,8 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
     if (quad == 0) merged_lse[head] = l > 0.0f ? m + __logf(l) : l == 0.0f ? -INFINITY : l;
   }
   __syncthreads();
+  phase_stamp(p.combine_clock, 2);  // the merged rows are in shared memory
+  allow_next_kernel();
   if (threadIdx.x >= p.group * 4) return;
   const int store_head = threadIdx.x / 4, grp = threadIdx.x % 4;
   float out[32];
@@ -81,7 +83,7 @@ __global__ void __launch_bounds__(kAttentionCombineThreads)
   for (int j = 0; j < 32; ++j) out[j] = merged[store_head * 128 + grp * 32 + j];
   attention_detail::store_group(p.store, t, blockIdx.y * p.group + store_head, grp, out,
                                 merged_lse[store_head]);
-  phase_stamp(p.combine_clock, 1);
+  phase_stamp(p.combine_clock, 3);
 }
 
 // Prefill rows no request covers (inconsistent cu_seqlens) get zeros and -inf, as on the CPU.

@@ -48,7 +48,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   std::byte* widened = stages + Traits::kStages * kStageBytes;
 
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
-  allow_next_kernel();
   phase_stamp(p.clock, 0);
   const AttentionTile tile = attention_tile<Traits::kRows>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
@@ -102,33 +101,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
   };
   if (p.topk == nullptr) {
     num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
-  } else if (tile.rows * p.topk_width <= Traits::kThreads) {
-    // Few candidates (decode): a thread per (row, slot). The first occurrence of each block
-    // collects the rows that chose it and takes the place given by the number of distinct
-    // blocks below it, so the union comes out ascending without a pass over the context.
-    const int candidates = tile.rows * p.topk_width, c = threadIdx.x;
-    auto* block_of = reinterpret_cast<std::int32_t*>(stages);  // stages are free until the ring
-    auto* first = block_of + Traits::kThreads;
-    const std::int64_t b = c < candidates ? selected_block(c / p.topk_width, c % p.topk_width) : -1;
-    if (c < candidates) block_of[c] = static_cast<std::int32_t>(b);
-    __syncthreads();
-    std::uint32_t mask = 0;
-    bool is_first = b >= 0;
-    for (int o = 0; o < candidates && b >= 0; ++o) {
-      if (block_of[o] != b) continue;
-      mask |= 1u << (o / p.topk_width);
-      is_first = is_first && o >= c;
-    }
-    if (c < candidates) first[c] = is_first;
-    __syncthreads();
-    if (is_first) {
-      int rank = 0;
-      for (int o = 0; o < candidates; ++o) rank += first[o] && block_of[o] < b;
-      union_block[rank] = static_cast<std::int32_t>(b);
-      union_page[rank] = static_cast<std::int32_t>(page_of(b));
-      union_mask[rank] = mask;
-    }
-    num_entries = __syncthreads_count(is_first);
   } else {
     using Scan = cub::BlockScan<int, Traits::kThreads>;
     auto* marks = reinterpret_cast<std::uint32_t*>(stages);  // stages are free until the ring
@@ -299,6 +271,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
   }
+  allow_next_kernel();  // the split combine's CTAs launch during the epilogue
   ring.drain();
   __syncthreads();  // the ring is free: the epilogue reuses it
   phase_stamp(p.clock, 3);

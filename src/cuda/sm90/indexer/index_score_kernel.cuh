@@ -29,7 +29,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   constexpr bool kConvert = kFormat != KvFormat::kNative16;
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
-  allow_next_kernel();
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
@@ -163,6 +162,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
                block] = m;
     }
   }
+  allow_next_kernel();  // near the end: the top-k's CTAs launch while the last pages finish
   ring.drain();
   phase_stamp(p.clock, 2);
 }

@@ -41,7 +41,6 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   extern __shared__ std::uint32_t keys[];  // [max_blocks]
 
   wait_for_previous_kernel();  // launched as a dependent of the scoring
-  allow_next_kernel();
   phase_stamp(p.clock, 0);
   const std::int64_t t = p.chunk.begin + blockIdx.x;
   const int kv_head = static_cast<int>(blockIdx.y);
@@ -159,6 +158,8 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
     }
   }
   __syncthreads();
+
+  allow_next_kernel();  // the attention's CTAs launch while the ids are written
 
   // Ascending ids already end with the local blocks (the highest visible ids), so ascending and
   // local_last coincide; score order ranks by (key desc, id asc).
