@@ -10,5 +10,6 @@
 #include "flashmsa/formats.hpp"
 #include "flashmsa/metadata.hpp"
 #include "flashmsa/ops.hpp"
+#include "flashmsa/projection.hpp"
 #include "flashmsa/tensor.hpp"
 #include "flashmsa/version.hpp"

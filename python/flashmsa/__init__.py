@@ -21,6 +21,9 @@ Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D
   index_decode / sparse_attention_decode: the same for uniform decode rows (seq_lens [B],
                 block_table, decode_query_len); decode attention can emit MXFP8
   produce_qkv_index: the fused norm / RoPE / cast / cache-insert producer
+  pack_qkv_index_projection(config, tp_size, rank, q, k, v, index_q, index_k) -> (weight, scale):
+                the fused FP8 projection's packed weight of one rank (E4M3 codes + per-channel
+                scales, channels in the producer's row order); project_qkv_index_cpu runs it
 help(flashmsa.<function>) gives each one's arguments.
 """
 
@@ -44,7 +47,11 @@ from ._flashmsa import (  # noqa: F401
     insert_index_k,
     insert_kv,
     kv_cache,
+    pack_qkv_index_projection,
     produce_qkv_index,
+    project_qkv_index_cpu,
+    projection_source,
+    PROJECTION_LAYOUT_VERSION,
     sparse_attention_decode,
     sparse_attention_prefill,
     version,
@@ -85,7 +92,9 @@ __all__ = [
     "attention_workspace_bytes", "backends", "build_batch_metadata", "build_info",
     "decode_workspace_bytes", "dense_attention", "index_cache_view", "index_decode",
     "index_prefill", "index_workspace_bytes", "insert_index_k", "insert_kv", "kv_cache",
-    "produce_qkv_index", "sparse_attention_decode", "sparse_attention_prefill", "version",
+    "PROJECTION_LAYOUT_VERSION", "pack_qkv_index_projection", "produce_qkv_index",
+    "project_qkv_index_cpu", "projection_source", "sparse_attention_decode",
+    "sparse_attention_prefill", "version",
 ]
 
 try:  # torch custom ops (torch.ops.flashmsa.*), when torch is importable

@@ -358,3 +358,20 @@ def produce_qkv_index(config: Config, qkv_index: Annotated[NDArray, dict(writabl
     """
     The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] -> Gemma RMSNorm and partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches.
     """
+
+PROJECTION_LAYOUT_VERSION: int = 1
+
+def pack_qkv_index_projection(config: Config, tp_size: int, rank: int, q: Annotated[NDArray, dict(writable=False)], k: Annotated[NDArray, dict(writable=False)], v: Annotated[NDArray, dict(writable=False)], index_q: Annotated[NDArray, dict(writable=False)], index_k: Annotated[NDArray, dict(writable=False)]) -> tuple[object, object]:
+    """
+    Packs one tensor-parallel rank's fused projection weight (layout version PROJECTION_LAYOUT_VERSION) from the layer's bf16 weights (uint16 bits or bfloat16, [out, hidden] each, all heads): returns (weight uint8 [out_features, hidden] E4M3 codes, scale float32 [out_features]), the output channels in the producer's row order [q | k | v | index_q | index_k] of that rank.
+    """
+
+def projection_source(config: Config, tp_size: int, rank: int, n: int) -> tuple[str, int]:
+    """
+    Where output channel n of a rank's fused projection comes from: (weight name, row).
+    """
+
+def project_qkv_index_cpu(weight: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], hidden: Annotated[NDArray, dict(writable=False)], out: object | None = None, version: int = 1) -> object:
+    """
+    The fused projection on the CPU (the oracle of a GPU path): hidden [T, hidden] bf16 -> per-token E4M3 (scale max|x|/448) -> fp32 products with the packed weight -> bf16 [T, out_features] (uint16 bits when out is left out).
+    """

@@ -774,4 +774,87 @@ NB_MODULE(_flashmsa, m) {
       nb::arg("threads") = 0, nb::arg("stream") = 0,
       "The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] -> Gemma RMSNorm and "
       "partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches.");
+
+  // ---- The fused FP8 Q/K/V + index projection (include/flashmsa/projection.hpp) ----
+  m.attr("PROJECTION_LAYOUT_VERSION") = kProjectionLayoutVersion;
+  m.def(
+      "pack_qkv_index_projection",
+      [](const Config& c, std::int64_t tp_size, std::int64_t rank, const AnyArray& q,
+         const AnyArray& k, const AnyArray& v, const AnyArray& index_q, const AnyArray& index_k) {
+        const ProjectionWeights w{view(q, "q"), view(k, "k"), view(v, "v"),
+                                  view(index_q, "index_q"), view(index_k, "index_k")};
+        PackedProjection p;
+        {
+          nb::gil_scoped_release release;
+          p = pack_qkv_index_projection(c, int_arg(tp_size, "tp_size"), int_arg(rank, "rank"), w);
+        }
+        auto weight = new_array<std::uint8_t>(
+            {static_cast<size_t>(p.out_features), static_cast<size_t>(p.hidden)});
+        auto scale = new_array<float>({static_cast<size_t>(p.out_features)});
+        std::memcpy(weight.data(), p.weight.data(), p.weight.size());
+        std::memcpy(scale.data(), p.scale.data(), p.scale.size() * sizeof(float));
+        return std::make_pair(nb::cast(weight), nb::cast(scale));
+      },
+      nb::arg("config"), nb::arg("tp_size"), nb::arg("rank"), nb::arg("q"), nb::arg("k"),
+      nb::arg("v"), nb::arg("index_q"), nb::arg("index_k"),
+      "Packs one tensor-parallel rank's fused projection weight (layout version "
+      "PROJECTION_LAYOUT_VERSION) from the layer's bf16 weights (uint16 bits or bfloat16, "
+      "[out, hidden] each, all heads): returns (weight uint8 [out_features, hidden] E4M3 codes, "
+      "scale float32 [out_features]), the output channels in the producer's row order "
+      "[q | k | v | index_q | index_k] of that rank.");
+
+  m.def(
+      "projection_source",
+      [](const Config& c, std::int64_t tp_size, std::int64_t rank, std::int64_t n) {
+        const ProjectionRow r =
+            projection_source(c, int_arg(tp_size, "tp_size"), int_arg(rank, "rank"), n);
+        static const char* const kNames[] = {"q", "k", "v", "index_q", "index_k"};
+        return std::make_pair(std::string(kNames[static_cast<int>(r.source)]), r.row);
+      },
+      nb::arg("config"), nb::arg("tp_size"), nb::arg("rank"), nb::arg("n"),
+      "Where output channel n of a rank's fused projection comes from: (weight name, row).");
+
+  m.def(
+      "project_qkv_index_cpu",
+      [](const AnyArray& weight, const AnyArray& scale, const AnyArray& hidden, nb::handle out,
+         std::int64_t version) {
+        const TensorView wv = view(weight, "weight"), sv = view(scale, "scale");
+        check_tensor(wv, "weight", DType::kUint8, Device::kCpu, {-1, -1});
+        check_tensor(sv, "scale", DType::kFp32, Device::kCpu, {wv.shape[0]});
+        PackedProjection p;
+        p.version = int_arg(version, "version");
+        p.out_features = wv.shape[0];
+        p.hidden = wv.shape[1];
+        p.weight.resize(static_cast<size_t>(p.out_features * p.hidden));
+        p.scale.resize(static_cast<size_t>(p.out_features));
+        for (std::int64_t n = 0; n < p.out_features; ++n) {
+          std::memcpy(p.weight.data() + n * p.hidden,
+                      wv.as<const std::uint8_t>() + n * wv.stride[0],
+                      static_cast<size_t>(p.hidden));
+          p.scale[n] = sv.as<const float>()[n * sv.stride[0]];
+        }
+        const TensorView x = view(hidden, "hidden");
+        nb::object result;
+        TensorView o;
+        if (out.is_none()) {
+          auto a = new_array<std::uint16_t>({static_cast<size_t>(x.rank > 0 ? x.shape[0] : 0),
+                                             static_cast<size_t>(p.out_features)});
+          o = TensorView::contiguous(a.data(), DType::kBf16,
+                                     {x.rank > 0 ? x.shape[0] : 0, p.out_features});
+          result = nb::cast(a);
+        } else {
+          o = output_view(out, "out");
+          result = nb::borrow(out);
+        }
+        {
+          nb::gil_scoped_release release;
+          project_qkv_index_cpu(p, x, o);
+        }
+        return result;
+      },
+      nb::arg("weight"), nb::arg("scale"), nb::arg("hidden"), nb::arg("out") = nb::none(),
+      nb::arg("version") = kProjectionLayoutVersion,
+      "The fused projection on the CPU (the oracle of a GPU path): hidden [T, hidden] bf16 -> "
+      "per-token E4M3 (scale max|x|/448) -> fp32 products with the packed weight -> bf16 "
+      "[T, out_features] (uint16 bits when out is left out).");
 }

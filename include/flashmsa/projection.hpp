@@ -1,0 +1,76 @@
+// The fused quantized Q/K/V + index projection (issue 18; spec sections 3 and 9): one FP8 E4M3
+// weight per tensor-parallel rank whose output channels are exactly the producer's input row of
+// that rank, [q (Hq*D) | k (Hkv*D) | v (Hkv*D) | index q (Hidx*Di) | index k (Di)], so that
+// hidden states -> projection -> produce_qkv_index needs no reshuffling in between.
+//
+//   auto packed = flashmsa::pack_qkv_index_projection(config, 8, rank, weights);  // once
+//   flashmsa::project_qkv_index_cpu(packed, hidden_states, fused);                 // per step
+//
+// Packed layout, version 1 (kProjectionLayoutVersion):
+//   weight [out_features, hidden] E4M3 codes, row-major: each output channel's hidden values
+//          contiguous (the N x K, K-major operand of an FP8 GEMM)
+//   scale  [out_features] fp32 per output channel: W[n, h] ~= e4m3(weight[n, h]) * scale[n],
+//          scale = max |W[n, :]| / 448 (the E4M3 maximum), 1 for an all-zero channel; codes are
+//          the saturating round-to-nearest of W / scale
+// Output channel n of a rank comes from (projection_source):
+//   [0, Hq*D)                 W_q rows of the rank's q heads
+//   next Hkv*D, then Hkv*D    W_k, then W_v rows of the rank's kv heads (replicated kv heads:
+//                             every rank that serves one carries it)
+//   next Hidx*Di              W_index_q rows of the index heads sharded with those kv heads
+//   last Di                   W_index_k, replicated on every rank
+// Head counts and dims are the rank's (Config::for_tensor_parallel); the weights are the whole
+// layer's.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "flashmsa/config.hpp"
+#include "flashmsa/tensor.hpp"
+
+namespace flashmsa {
+
+inline constexpr int kProjectionLayoutVersion = 1;
+
+// The layer's bf16 projection weights, [out, hidden] each on the host (last dim contiguous):
+// q [Hq*D], k and v [Hkv*D], index_q [Hidx*Di], index_k [Di] rows, all heads of the model.
+struct ProjectionWeights {
+  TensorView q, k, v, index_q, index_k;
+};
+
+enum class ProjectionSource { kQ, kK, kV, kIndexQ, kIndexK };
+
+// One output channel's origin: which weight and which of its rows.
+struct ProjectionRow {
+  ProjectionSource source;
+  std::int64_t row;
+};
+
+struct PackedProjection {
+  int version = kProjectionLayoutVersion;
+  std::int64_t hidden = 0, out_features = 0;
+  std::vector<std::uint8_t> weight;  // [out_features, hidden] E4M3 codes
+  std::vector<float> scale;          // [out_features]
+};
+
+// The fused row width of one rank: Hq*D + 2*Hkv*D + Hidx*Di + Di of its per-rank config.
+std::int64_t projection_out_features(const Config& rank_config);
+
+// Where output channel `n` of rank `rank` of `tp_size` comes from (layout above). Throws naming
+// the argument for a bad tp_size / rank (as Config::for_tensor_parallel) or n out of range.
+ProjectionRow projection_source(const Config& layer, int tp_size, int rank, std::int64_t n,
+                                const ModelHeads& model = {});
+
+// Packs rank `rank` of `tp_size`'s channels of the layer's weights (layout version 1). Checks
+// every weight's dtype (bf16), device (host) and shape against the layer, naming the argument.
+PackedProjection pack_qkv_index_projection(const Config& layer, int tp_size, int rank,
+                                           const ProjectionWeights& weights,
+                                           const ModelHeads& model = {});
+
+// The projection on the CPU, the oracle of a GPU path: hidden [T, hidden] bf16 -> per token E4M3
+// (scale max |x| / 448, 1 for an all-zero token; saturating round-to-nearest) -> fp32 dot products
+// of the dequantized values -> out [T, out_features] bf16 (round to nearest even). Host tensors.
+void project_qkv_index_cpu(const PackedProjection& packed, const TensorView& hidden,
+                           const TensorView& out);
+
+}  // namespace flashmsa

@@ -1,0 +1,78 @@
+"""The fused FP8 Q/K/V + index projection from Python: the packed weight of a tensor-parallel
+rank traced to the layer's weights, and the CPU projection against numpy on the dequantized
+operands (the C++ tests hold the layout for every rank of TP 1/2/4/8 and the FP8 bound)."""
+
+import numpy as np
+import pytest
+
+import flashmsa
+from test_flashmsa import from_bf16, to_bf16
+
+HIDDEN = 96
+E4M3_MAX = 448.0
+
+
+def e4m3_values():
+    """float value of every E4M3 code (NaN for 0x7F / 0xFF)."""
+    v = np.empty(256, np.float64)
+    for c in range(256):
+        e, m = (c >> 3) & 15, c & 7
+        if (c & 0x7F) == 0x7F:
+            mag = np.nan
+        else:
+            mag = m / 8 * 2.0**-6 if e == 0 else (1 + m / 8) * 2.0**(e - 7)
+        v[c] = -mag if c & 0x80 else mag
+    return v
+
+
+def layer(seed=0):
+    rng = np.random.default_rng(seed)
+    w = {name: to_bf16(rng.standard_normal((rows, HIDDEN)) * 2.0**rng.integers(-6, 3, (rows, 1)))
+         for name, rows in (("q", 64 * 128), ("k", 4 * 128), ("v", 4 * 128), ("index_q", 4 * 128),
+                            ("index_k", 128))}
+    return w
+
+
+def test_packed_channels_trace_to_the_layer_weights():
+    c, w = flashmsa.Config(), layer()
+    deq = e4m3_values()
+    for tp, rank in ((1, 0), (2, 1), (8, 3), (8, 6)):
+        weight, scale = flashmsa.pack_qkv_index_projection(c, tp, rank, **w)
+        rank_config = c.for_tensor_parallel(tp, rank).config
+        width = 128 * (rank_config.num_attention_heads + 2 * rank_config.num_key_value_heads
+                       + rank_config.sparse_num_index_heads + 1)
+        assert weight.shape == (width, HIDDEN)
+        assert weight.dtype == np.uint8 and scale.dtype == np.float32
+        for n in range(0, weight.shape[0], 37):
+            source, row = flashmsa.projection_source(c, tp, rank, n)
+            src = from_bf16(w[source][row]).astype(np.float64)
+            assert scale[n] == np.float32(np.abs(src).max()) / np.float32(E4M3_MAX)
+            err = np.abs(deq[weight[n]] * scale[n] - src)
+            assert np.all(err <= np.abs(src) * 2.0**-4 + scale[n] * 2.0**-10), (tp, rank, n)
+        # the rank's last channels are the replicated index key
+        assert flashmsa.projection_source(c, tp, rank, weight.shape[0] - 1) == ("index_k", 127)
+
+
+def test_cpu_projection_is_the_documented_computation():
+    c, w = flashmsa.Config(), layer(1)
+    weight, scale = flashmsa.pack_qkv_index_projection(c, 8, 5, **w)
+    x = layer(2)["index_k"][:4]  # 4 tokens of bf16 hidden states
+    y = flashmsa.project_qkv_index_cpu(weight, scale, x)
+    assert y.shape == (4, weight.shape[0]) and y.dtype == np.uint16
+    deq = e4m3_values()
+    xf = from_bf16(x).astype(np.float32)
+    x_scale = np.abs(xf).max(axis=1, keepdims=True) / np.float32(E4M3_MAX)
+    x_codes = np.empty(xf.shape, np.uint8)  # E4M3 by nearest value (random data has no ties)
+    table = deq.copy()
+    table[np.isnan(table)] = np.inf
+    for i, v in np.ndenumerate(xf / x_scale):
+        x_codes[i] = np.argmin(np.abs(table - v))
+    ref = (deq[x_codes] * x_scale) @ (deq[weight] * scale[:, None].astype(np.float64)).T
+    mag = np.abs(deq[x_codes] * x_scale) @ np.abs(deq[weight] * scale[:, None]).T
+    got = from_bf16(y).astype(np.float64)
+    # fp32 accumulation (~1e-5 of the magnitude) and the bf16 store (2^-8 of the result)
+    assert np.all(np.abs(got - ref) <= np.abs(ref) * 2.0**-8 + 1e-5 * mag)
+    with pytest.raises(ValueError, match="hidden"):
+        flashmsa.project_qkv_index_cpu(weight, scale, x[:, :-1])
+    with pytest.raises(ValueError, match="tp_size"):
+        flashmsa.pack_qkv_index_projection(c, 3, 0, **w)
