@@ -14,6 +14,8 @@ namespace flashmsa {
 namespace {
 
 constexpr float kE4m3Max = 448.0f;
+constexpr const char* kSourceNames[] = {"weights.q", "weights.k", "weights.v", "weights.index_q",
+                                        "weights.index_k"};
 
 // The widths of one rank's fused row, in channels.
 struct RowWidths {
@@ -43,10 +45,18 @@ ProjectionRow source_of(const TensorParallelRank& r, std::int64_t n) {
 }
 
 // Per-channel (or per-token) symmetric E4M3: scale = max |x| / 448 (1 when all zero), codes the
-// saturating round-to-nearest of x / scale.
+// saturating round-to-nearest of x / scale. A row with a NaN or infinity gets a NaN scale.
 float quantize_row(const float* x, std::int64_t n, std::uint8_t* codes) {
   float amax = 0.0f;
-  for (std::int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[i]));
+  bool finite = true;
+  for (std::int64_t i = 0; i < n; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    amax = std::max(amax, std::fabs(x[i]));
+  }
+  if (!finite) {
+    std::fill(codes, codes + n, std::uint8_t{0});
+    return std::nanf("");
+  }
   const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
   for (std::int64_t i = 0; i < n; ++i) codes[i] = fmt::float_to_e4m3(x[i] / scale);
   return scale;
@@ -104,6 +114,8 @@ PackedProjection pack_qkv_index_projection(const Config& layer, int tp_size, int
     const auto* bits = w.as<const std::uint16_t>() + src.row * w.stride[0];
     for (std::int64_t h = 0; h < hidden; ++h) row[h] = fmt::bf16_to_float(bits[h]);
     p.scale[n] = quantize_row(row.data(), hidden, p.weight.data() + n * hidden);
+    FLASHMSA_CHECK_ARG(!std::isnan(p.scale[n]), "weights must be finite, got a NaN or infinity in ",
+                       kSourceNames[static_cast<int>(src.source)], " row ", src.row);
   }
   return p;
 }

@@ -62,7 +62,8 @@ ProjectionRow projection_source(const Config& layer, int tp_size, int rank, std:
                                 const ModelHeads& model = {});
 
 // Packs rank `rank` of `tp_size`'s channels of the layer's weights (layout version 1). Checks
-// every weight's dtype (bf16), device (host) and shape against the layer, naming the argument.
+// every weight's dtype (bf16), device (host) and shape against the layer, naming the argument,
+// and that the rank's weight rows are finite.
 PackedProjection pack_qkv_index_projection(const Config& layer, int tp_size, int rank,
                                            const ProjectionWeights& weights,
                                            const ModelHeads& model = {});
@@ -70,6 +71,7 @@ PackedProjection pack_qkv_index_projection(const Config& layer, int tp_size, int
 // The projection on the CPU, the oracle of a GPU path: hidden [T, hidden] bf16 -> per token E4M3
 // (scale max |x| / 448, 1 for an all-zero token; saturating round-to-nearest) -> fp32 dot products
 // of the dequantized values -> out [T, out_features] bf16 (round to nearest even). Host tensors.
+// A token with a NaN or infinity gets NaN outputs (never hidden).
 void project_qkv_index_cpu(const PackedProjection& packed, const TensorView& hidden,
                            const TensorView& out);
 

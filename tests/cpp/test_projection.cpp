@@ -145,10 +145,14 @@ TEST(Projection, CpuProjectionIsWithinTheFp8RoundingBound) {
   const std::int64_t tokens = 5;
   std::vector<std::uint16_t> x = random_weight(tokens, 9);
   for (std::int64_t h = 0; h < kHidden; ++h) x[2 * kHidden + h] = 0;  // an all-zero token
+  x[4 * kHidden + 9] = 0x7F80;  // +infinity: the token's outputs are NaN, never hidden
   std::vector<std::uint16_t> out(static_cast<std::size_t>(tokens * p.out_features), 0xFFFF);
   project_qkv_index_cpu(p, TensorView::contiguous(x.data(), DType::kBf16, {tokens, kHidden}),
                         TensorView::contiguous(out.data(), DType::kBf16, {tokens, p.out_features}));
-  for (std::int64_t t = 0; t < tokens; ++t) {
+  for (std::int64_t n = 0; n < p.out_features; ++n) {
+    ASSERT_TRUE(std::isnan(fmt::bf16_to_float(out[4 * p.out_features + n]))) << "channel " << n;
+  }
+  for (std::int64_t t = 0; t < tokens - 1; ++t) {
     double xmax = 0;
     for (std::int64_t h = 0; h < kHidden; ++h)
       xmax = std::max(xmax, std::fabs(double(fmt::bf16_to_float(x[t * kHidden + h]))));
@@ -248,6 +252,13 @@ TEST(Projection, BadInputNamesTheArgument) {
   bad = w;
   bad.v = TensorView::contiguous(layer.v.data(), DType::kBf16, {4 * 128, kHidden - 1});
   expect_error([&] { pack_qkv_index_projection(layer.config, 1, 0, bad); }, "weights.v");
+
+  Layer nan_layer = layer;
+  nan_layer.v[130 * kHidden + 7] = 0x7FC0;  // a NaN in W_v row 130 (kv head 1)
+  expect_error([&] { pack_qkv_index_projection(nan_layer.config, 4, 1, nan_layer.views()); },
+               "weights must be finite, got a NaN or infinity in weights.v row 130");
+  EXPECT_NO_THROW(pack_qkv_index_projection(nan_layer.config, 4, 0, nan_layer.views()))
+      << "rank 0 of 4 does not carry kv head 1";
 
   const PackedProjection p = pack_qkv_index_projection(layer.config, 8, 0, w);
   std::vector<std::uint16_t> x(2 * kHidden), out(2 * p.out_features);
