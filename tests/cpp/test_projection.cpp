@@ -262,29 +262,20 @@ TEST(Projection, BadInputNamesTheArgument) {
 
   const PackedProjection p = pack_qkv_index_projection(layer.config, 8, 0, w);
   std::vector<std::uint16_t> x(2 * kHidden), out(2 * p.out_features);
-  expect_error(
-      [&] {
-        project_qkv_index_cpu(
-            p, TensorView::contiguous(x.data(), DType::kBf16, {1, 2 * kHidden}),
-            TensorView::contiguous(out.data(), DType::kBf16, {1, p.out_features}));
-      },
-      "hidden");
-  expect_error(
-      [&] {
-        project_qkv_index_cpu(
-            p, TensorView::contiguous(x.data(), DType::kBf16, {2, kHidden}),
-            TensorView::contiguous(out.data(), DType::kBf16, {1, p.out_features}));
-      },
-      "out");
+  // Projects with hidden [hidden_rows, hidden_cols] and out [out_rows, out_features].
+  auto project = [&](const PackedProjection& packed, std::int64_t hidden_rows,
+                     std::int64_t hidden_cols, std::int64_t out_rows) {
+    return [&, hidden_rows, hidden_cols, out_rows] {
+      project_qkv_index_cpu(
+          packed, TensorView::contiguous(x.data(), DType::kBf16, {hidden_rows, hidden_cols}),
+          TensorView::contiguous(out.data(), DType::kBf16, {out_rows, packed.out_features}));
+    };
+  };
+  expect_error(project(p, 1, 2 * kHidden, 1), "hidden");
+  expect_error(project(p, 2, kHidden, 1), "out");
   PackedProjection old = p;
   old.version = 0;
-  expect_error(
-      [&] {
-        project_qkv_index_cpu(
-            old, TensorView::contiguous(x.data(), DType::kBf16, {2, kHidden}),
-            TensorView::contiguous(out.data(), DType::kBf16, {2, p.out_features}));
-      },
-      "layout version");
+  expect_error(project(old, 2, kHidden, 2), "layout version");
 }
 
 }  // namespace

@@ -34,13 +34,10 @@ __device__ __forceinline__ void cp_async_16_or_zero(void* smem, const void* glob
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(fill ? 16 : 0));
 }
+// 8-byte copies (NVFP4 scale rows) go through L1: .cg only takes 16 bytes.
 __device__ __forceinline__ void cp_async_8_or_zero(void* smem, const void* global, bool fill) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_address(smem)),
                "l"(global), "r"(fill ? 8 : 0));
-}
-// 8-byte copies (NVFP4 scale rows) go through L1: .cg only takes 16 bytes.
-__device__ __forceinline__ void cp_async_8(void* smem, const void* global) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(smem_address(smem)), "l"(global));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

@@ -1,6 +1,6 @@
-// The attention epilogue's pieces, shared by attention_kernel and the split combine: the output
-// scale of a finished softmax, the weighted merge of partial rows, and the final stores (bf16 /
-// fp16 / fp32 rows, or MXFP8 codes and scales, and the log-sum-exp).
+// The attention epilogue's pieces: the output scale of a finished softmax, the weighted merge of
+// partial rows (attention_kernel's key parts), and the final stores (bf16 / fp16 / fp32 rows, or
+// MXFP8 codes and scales, and the log-sum-exp), which the split combine shares.
 #pragma once
 
 #include <cstdint>

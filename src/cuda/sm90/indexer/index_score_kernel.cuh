@@ -3,10 +3,10 @@
 // A CTA holds its tile's index queries (kVectors (row, index head) pairs x 128 dims, bf16) in
 // shared memory and streams the tile's visible pages through the cp.async ring of
 // page_pipeline.cuh. Per page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile
-// kWarpRows x kWarpCols), mask keys after each row's
-// position, reduce each row to its block max (rank order: NaN as -1e30) and write one fp32 per
-// (index head, row, block). E4M3 and NVFP4 keys are widened to bf16 in shared memory (exactly:
-// both formats are subsets of bf16), so every cache dtype shares the bf16 tensor-core path.
+// kWarpRows x kWarpCols), mask keys after each row's position, reduce each row to its block max
+// (rank order: NaN as -1e30) and write one fp32 per (index head, row, block). E4M3 and NVFP4 keys
+// are widened to bf16 in shared memory (exactly: both formats are subsets of bf16), so every cache
+// dtype shares the bf16 tensor-core path.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -57,6 +57,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const CpAsyncPageRing<Traits::kStages, raw_plane_bytes<kFormat>()> ring{stages};
   auto fill = [&](int i) {
     ring.fill(i, [&](std::byte* stage) {
+      // The index cache has one head; every token is loaded (keys past a row's position are
+      // masked after the MMA).
       const std::int64_t page = i < num_blocks ? page_of(i) : -1;
       if (page >= 0)
         load_raw_plane<Traits::kThreads, kFormat>(p.keys, p.key_scales, page, 0, 128, stage);
