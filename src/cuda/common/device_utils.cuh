@@ -1,6 +1,7 @@
-// Small device building blocks the kernels share: warp-level tensor-core MMA (m16n8k16, bf16 in,
-// fp32 accumulate), ldmatrix, cp.async, the XOR swizzle of 256-byte shared-memory rows, warp
-// reductions and the orderable integer key of the spec's selection order.
+// Small device building blocks the kernels share: warp-level tensor-core MMA (m16n8k16 with bf16
+// or fp16 in, m16n8k32 with E4M3 in; fp32 accumulate), ldmatrix, cp.async, the XOR swizzle of
+// 256- and 128-byte shared-memory rows, warp reductions and the orderable integer key of the
+// spec's selection order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -19,6 +20,15 @@ constexpr int kRowChunks = 16;
 
 __device__ __forceinline__ int swizzled_chunk(int row, int chunk) {
   return row * kRowChunks + (chunk ^ (row & 7));
+}
+
+// ---- Shared-memory tiles of 128 fp8 codes (128 bytes) per row -------------------------------
+// Rows of 8 chunks with the same XOR: an fp8 page as load_raw_plane stores it and the fp8 index
+// queries, read by ldmatrix conflict-free.
+constexpr int kByteRowChunks = 8;
+
+__device__ __forceinline__ int swizzled_byte_chunk(int row, int chunk) {
+  return row * kByteRowChunks + (chunk ^ (row & 7));
 }
 
 __device__ __forceinline__ std::uint32_t smem_address(const void* p) {
@@ -73,6 +83,17 @@ __device__ __forceinline__ void mma_fp16_16816(float (&d)[4], const std::uint32_
                                                std::uint32_t b0, std::uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D += A (16x32, row-major) * B (32x8, column-major), E4M3 operands (four codes per register,
+// the lowest byte first), fp32 accumulators: every product of two E4M3 values is exact in fp32.
+__device__ __forceinline__ void mma_e4m3_16832(float (&d)[4], const std::uint32_t (&a)[4],
+                                               std::uint32_t b0, std::uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

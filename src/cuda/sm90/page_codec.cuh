@@ -18,8 +18,9 @@ namespace flashmsa::cuda {
 
 // Issues the cp.async copies (kThreads threads, each its share) of one plane of (page, head) into
 // a raw stage of raw_plane_bytes<kFormat>(): the 128 token rows (16-bit rows straight into the
-// swizzled MMA layout, 8- and 4-bit rows as they are), then for NVFP4 the rows' scales from
-// `scales`. Tokens at or after `limit` are zero-filled without being read.
+// swizzled MMA layout, 8-bit rows swizzled in 128-byte rows, 4-bit rows as they are), then for
+// NVFP4 the rows' scales from `scales`. Tokens at or after `limit` are zero-filled without being
+// read.
 template <int kThreads, KvFormat kFormat>
 __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const DevicePlane& scales,
                                                std::int64_t page, int head, int limit,
@@ -37,10 +38,13 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
       from += kStep * src.token_stride;
     }
   } else {
-    constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : 8;  // 16-byte pieces per row
+    // fp8 rows are stored swizzled (swizzled_byte_chunk: the fp8 tensor-core path reads them by
+    // ldmatrix); NVFP4 rows as they are.
+    constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
     for (int i = threadIdx.x; i < 128 * kChunks; i += kThreads) {
       const int token = i / kChunks, chunk = i % kChunks;
-      cp_async_16_or_zero(dst + i * 16, base + token * src.token_stride + chunk * 16,
+      const int at = kFormat == KvFormat::kNvfp4 ? i : swizzled_byte_chunk(token, chunk);
+      cp_async_16_or_zero(dst + at * 16, base + token * src.token_stride + chunk * 16,
                           token < limit);
     }
     if constexpr (kFormat == KvFormat::kNvfp4) {
@@ -79,8 +83,7 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
         x[2 * j + 1] = f.y * scale;
       }
     } else {
-      // (One plane: piece i's bytes are simply at i * 16.)
-      const std::byte* at = kPlanes == 1 ? stage + i * 16 : raw + token * 128 + group * 16;
+      const std::byte* at = raw + swizzled_byte_chunk(token, group) * 16;
       const uint4 bytes = *reinterpret_cast<const uint4*>(at);
       const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&bytes);
       constexpr __nv_fp8_interpretation_t kKind =

@@ -5,6 +5,8 @@
 //               8-key columns of a K tile; the index scoring and the attention both use it)
 //   O += P V    pv_step (16 rows x 16 keys of P, from S's accumulators, against a V tile read
 //               transposed, over all 128 dims)
+// and S = Q K^T with both operands E4M3 (mma.sync m16n8k32, tiles of 128-byte rows):
+//               load_a_fragment_e4m3 and qk_step_e4m3, 32 dims per step.
 // Accumulator layout (PTX m16n8 C fragment): lane holds rows lane / 4 and lane / 4 + 8, columns
 // 2 (lane % 4) + {0, 1}; d[0], d[1] the first row, d[2], d[3] the second.
 #pragma once
@@ -50,6 +52,33 @@ __device__ __forceinline__ void qk_step(float (&acc)[kMT][kNT][4], const std::ui
     for (int mt = 0; mt < kMT; ++mt) {
       mma<Elem>(acc[mt][2 * np], a[mt], b[0], b[1]);
       mma<Elem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
+// The E4M3 A fragment of rows [row0, row0 + 16), dims [32 ks, 32 ks + 32) of a swizzled tile of
+// 128-byte rows: ldmatrix's 8 x 16-byte matrices are exactly the m16n8k32 fragment quarters.
+__device__ __forceinline__ void load_a_fragment_e4m3(std::uint32_t (&a)[4], const std::byte* tile,
+                                                     int row0, int ks, int lane) {
+  ldmatrix_x4(a, tile + swizzled_byte_chunk(row0 + lane % 16, 2 * ks + lane / 16) * 16);
+}
+
+// qk_step for E4M3 queries and keys: one 32-dim step (dims [32 ks, 32 ks + 32)) against a K tile
+// of 128-byte rows (load_raw_plane's fp8 layout), no widening.
+template <int kMT, int kNT>
+__device__ __forceinline__ void qk_step_e4m3(float (&acc)[kMT][kNT][4],
+                                             const std::uint32_t (&a)[kMT][4],
+                                             const std::byte* k_tile, int key0, int ks, int lane) {
+  static_assert(kNT % 2 == 0, "keys are loaded 16 at a time");
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    std::uint32_t b[4];
+    const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+    ldmatrix_x4(b, k_tile + swizzled_byte_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+#pragma unroll
+    for (int mt = 0; mt < kMT; ++mt) {
+      mma_e4m3_16832(acc[mt][2 * np], a[mt], b[0], b[1]);
+      mma_e4m3_16832(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
     }
   }
 }

@@ -4,9 +4,10 @@
 // shared memory and streams the tile's visible pages through the cp.async ring of
 // page_pipeline.cuh. Per page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile
 // kWarpRows x kWarpCols), mask keys after each row's position, reduce each row to its block max
-// (rank order: NaN as -1e30) and write one fp32 per (index head, row, block). E4M3 and NVFP4 keys
-// are widened to bf16 in shared memory (exactly: both formats are subsets of bf16), so every cache
-// dtype shares the bf16 tensor-core path.
+// (rank order: NaN as -1e30) and write one fp32 per (index head, row, block). E4M3 keys scored by
+// E4M3 queries (the fp8 indexer) go straight from the page stage into fp8 tensor-core MMAs; other
+// E4M3 and NVFP4 keys are widened to bf16 in shared memory (exactly: both formats are subsets of
+// bf16) for the bf16 path.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -27,12 +28,13 @@ namespace flashmsa::cuda {
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
-  constexpr bool kConvert = kFormat != KvFormat::kNative16;
+  constexpr bool kFp8Mma = index_score_uses_fp8_mma<kFormat, kQueryFp8>();
+  constexpr bool kConvert = kFormat != KvFormat::kNative16 && !kFp8Mma;
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
-  std::byte* stages = q_tile + Traits::kVectors * 256;
+  std::byte* stages = q_tile + Traits::kVectors * (kFp8Mma ? 128 : 256);
   std::byte* widened = stages + Traits::kStages * raw_plane_bytes<kFormat>();
   float* partial_max = reinterpret_cast<float*>(widened + (kConvert ? 128 * 256 : 0));
 
@@ -65,28 +67,45 @@ __global__ void __launch_bounds__(Traits::kThreads)
     });
   };
   for (int s = 0; s < Traits::kStages - 1; ++s) fill(s);
-  for (int i = threadIdx.x; i < Traits::kVectors * kRowChunks; i += Traits::kThreads) {
-    const int v = i / kRowChunks, chunk = i % kRowChunks;
-    const int row = v / hidx, head = v % hidx;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (row < tile.rows) {
-      const std::int64_t offset =
-          (tile.row + row) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
-      if constexpr (kQueryFp8) {
-        const uint2 raw =
-            *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) + offset);
-        const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-        auto* o = reinterpret_cast<std::uint32_t*>(&value);
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
-          o[j] = pack_bf16(f.x, f.y);
-        }
-      } else {
-        value =
-            *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.index_q) + offset);
+  // The tile's queries: E4M3 as they are for the fp8 MMA (in 8-byte pieces: rows are only
+  // 8-byte aligned), otherwise as bf16 (an E4M3 query widened exactly).
+  if constexpr (kFp8Mma) {
+    for (int i = threadIdx.x; i < Traits::kVectors * 16; i += Traits::kThreads) {
+      const int v = i / 16, piece = i % 16;
+      const int row = v / hidx, head = v % hidx;
+      uint2 value = make_uint2(0, 0);
+      if (row < tile.rows) {
+        value = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) +
+                                                (tile.row + row) * p.q_row_stride +
+                                                head * p.q_head_stride + piece * 8);
       }
+      reinterpret_cast<uint2*>(q_tile + swizzled_byte_chunk(v, piece / 2) * 16)[piece % 2] = value;
     }
-    reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
+  } else {
+    for (int i = threadIdx.x; i < Traits::kVectors * kRowChunks; i += Traits::kThreads) {
+      const int v = i / kRowChunks, chunk = i % kRowChunks;
+      const int row = v / hidx, head = v % hidx;
+      uint4 value = make_uint4(0, 0, 0, 0);
+      if (row < tile.rows) {
+        const std::int64_t offset =
+            (tile.row + row) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
+        if constexpr (kQueryFp8) {
+          const uint2 raw =
+              *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) + offset);
+          const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+          auto* o = reinterpret_cast<std::uint32_t*>(&value);
+          for (int j = 0; j < 4; ++j) {
+            const float2 f =
+                __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
+            o[j] = pack_bf16(f.x, f.y);
+          }
+        } else {
+          value = *reinterpret_cast<const uint4*>(static_cast<const std::uint16_t*>(p.index_q) +
+                                                  offset);
+        }
+      }
+      reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
+    }
   }
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -113,15 +132,30 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     if (page_ok) {
+      if constexpr (kFp8Mma) {
+        // Not unrolled: one step is already kMTiles x kNTiles MMAs, and unrolling made the
+        // prefill tile spill.
+#pragma unroll 1
+        for (int ks = 0; ks < 4; ++ks) {  // 32 dims per step
+          std::uint32_t a[Traits::kMTiles][4];
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) {
-        std::uint32_t a[Traits::kMTiles][4];
-#pragma unroll
-        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-          load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+            load_a_fragment_e4m3(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+          }
+          qk_step_e4m3<Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile, warp_n * Traits::kWarpCols,
+                                                         ks, lane);
         }
-        qk_step<__nv_bfloat16, Traits::kMTiles, Traits::kNTiles>(
-            acc, a, k_tile, warp_n * Traits::kWarpCols, ks, lane);
+      } else {
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {  // 16 dims per step
+          std::uint32_t a[Traits::kMTiles][4];
+#pragma unroll
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+            load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+          }
+          qk_step<__nv_bfloat16, Traits::kMTiles, Traits::kNTiles>(
+              acc, a, k_tile, warp_n * Traits::kWarpCols, ks, lane);
+        }
       }
     }
 
@@ -178,7 +212,7 @@ namespace flashmsa::cuda {
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 void launch_index_score_kernel(const IndexScoreParams& p, dim3 grid, cudaStream_t stream) {
   launch_dependent_kernel(index_score_kernel<Traits, kFormat, kQueryFp8>, grid, Traits::kThreads,
-                          index_score_smem_bytes<Traits, kFormat>(), stream, p);
+                          index_score_smem_bytes<Traits, kFormat, kQueryFp8>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

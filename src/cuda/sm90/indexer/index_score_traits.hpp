@@ -23,10 +23,18 @@ using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
 using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
 using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
 
-template <class Traits, KvFormat kFormat>
+// E4M3 keys against E4M3 queries (the fp8 indexer) are multiplied as they are, on fp8 tensor
+// cores; every other pairing of a quantized cache is widened to bf16 first.
+template <KvFormat kFormat, bool kQueryFp8>
+constexpr bool index_score_uses_fp8_mma() {
+  return kFormat == KvFormat::kE4m3 && kQueryFp8;
+}
+
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_smem_bytes() {
-  constexpr bool kConvert = kFormat != KvFormat::kNative16;
-  return Traits::kVectors * 256 + Traits::kStages * raw_plane_bytes<kFormat>() +
+  constexpr bool kFp8Mma = index_score_uses_fp8_mma<kFormat, kQueryFp8>();
+  constexpr bool kConvert = kFormat != KvFormat::kNative16 && !kFp8Mma;
+  return Traits::kVectors * (kFp8Mma ? 128 : 256) + Traits::kStages * raw_plane_bytes<kFormat>() +
          (kConvert ? 128 * 256 : 0) + Traits::kWarpsN * Traits::kVectors * 4;
 }
 
