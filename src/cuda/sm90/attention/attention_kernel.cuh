@@ -39,13 +39,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
   using namespace attention_detail;  // the epilogue's pieces
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
   constexpr int kStageBytes = kv_raw_page_bytes<kFormat>();
+  constexpr int kStages = attention_stages<Traits, kFormat>();
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   auto* union_block = reinterpret_cast<std::int32_t*>(q_tile + Traits::kRows * 16 * 256);
   auto* union_page = union_block + Traits::kMaxUnion;
   auto* union_mask = reinterpret_cast<std::uint32_t*>(union_page + Traits::kMaxUnion);
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
-  std::byte* widened = stages + Traits::kStages * kStageBytes;
+  std::byte* widened = stages + kStages * kStageBytes;
 
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
@@ -159,7 +160,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int end = min(num_entries, begin + per_split);
   // Entry e's page (K plane, then V plane) goes through the ring as its page e - begin; tokens
   // after the tile's last position are zero-filled, never read.
-  const CpAsyncPageRing<Traits::kStages, kStageBytes> ring{stages};
+  const CpAsyncPageRing<kStages, kStageBytes> ring{stages};
   auto fill = [&](int e) {
     ring.fill(e - begin, [&](std::byte* stage) {
       if (e >= end) return;
@@ -171,9 +172,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                                 stage + raw_plane_bytes<kFormat>());
     });
   };
-  for (int s = 0; s < Traits::kStages - 1; ++s) fill(begin + s);
+  for (int s = 0; s < kStages - 1; ++s) fill(begin + s);
 
-  cp_async_wait<Traits::kStages - 1>();  // the queries' group (pages may still be in flight)
+  cp_async_wait<kStages - 1>();  // the queries' group (pages may still be in flight)
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -192,7 +193,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   for (int e = begin; e < end; ++e) {
     ring.wait(e - begin);
     if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
-    fill(e + Traits::kStages - 1);
+    fill(e + kStages - 1);
     const std::byte* tiles = ring.stage(e - begin);
     if constexpr (kWiden) {
       if (entry_page(e) >= 0) widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened);
@@ -278,7 +279,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   // ---- Epilogue: each warp's (max, sum, unnormalised O) to shared memory ----
   static_assert(Traits::kWarps * 16 * (Traits::kPartialStride + 2) * 4 <=
-                Traits::kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0));
+                kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0));
   float* part_o = reinterpret_cast<float*>(stages);
   float* part_max = part_o + Traits::kWarps * 16 * Traits::kPartialStride;
   float* part_sum = part_max + Traits::kWarps * 16;

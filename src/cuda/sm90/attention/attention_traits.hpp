@@ -6,11 +6,12 @@
 
 namespace flashmsa::cuda {
 
-template <int kRows_, int kKeySplit_, int kStages_>
+template <int kRows_, int kKeySplit_, int kBf16Stages_>
 struct AttentionTraits {
   static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
   static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
-  static constexpr int kStages = kStages_;
+  // Ring stages for bf16 pages; smaller pages get more (attention_stages).
+  static constexpr int kBf16Stages = kBf16Stages_;
   static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
   static constexpr int kWarpKeys = 128 / kKeySplit;
   static constexpr int kChunkKeys = kWarpKeys < 64 ? kWarpKeys : 64;  // keys per softmax step
@@ -24,7 +25,7 @@ struct AttentionTraits {
 // Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
 using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
 // Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
-// holds the 3-page ring), 3 pages in flight.
+// holds the ring of 3 bf16 pages).
 using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
 // Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
 // per row.
@@ -36,13 +37,34 @@ constexpr int kv_raw_page_bytes() {
   return 2 * raw_plane_bytes<kFormat>();
 }
 
+// Shared memory besides the ring: the queries, the union lists and the widened K / V tiles.
 template <class Traits, KvFormat kFormat>
-constexpr int attention_smem_bytes() {
+constexpr int attention_fixed_smem_bytes() {
   constexpr int q = Traits::kRows * 16 * 256;
   constexpr int union_lists = Traits::kMaxUnion * 12;
-  constexpr int stages = Traits::kStages * kv_raw_page_bytes<kFormat>();
   constexpr int widened = kFormat == KvFormat::kNative16 ? 0 : 2 * 128 * 256;
-  return q + union_lists + stages + widened;
+  return q + union_lists + widened;
+}
+
+// The ring's stages for pages of kFormat: as many bytes as the bf16 ring (a CTA of smaller pages
+// keeps as many bytes in flight), within the 227 KB a CTA may have. fp8 and NVFP4 decode CTAs get
+// 4 and 8 stages where bf16 has 3: +3% for fp8 at 64 x 32K on the H200, +0% for NVFP4 (both are
+// bound by their shared-memory widening, not by bytes in flight).
+template <class Traits, KvFormat kFormat>
+constexpr int attention_stages() {
+  constexpr int kMaxSmem = 226 * 1024;  // of 227 KB: 1 KB left for static shared memory
+  constexpr int by_bytes =
+      Traits::kBf16Stages * kv_raw_page_bytes<KvFormat::kNative16>() / kv_raw_page_bytes<kFormat>();
+  constexpr int fitting =
+      (kMaxSmem - attention_fixed_smem_bytes<Traits, kFormat>()) / kv_raw_page_bytes<kFormat>();
+  static_assert(fitting >= Traits::kBf16Stages, "the bf16 stage count must fit");
+  return by_bytes < fitting ? by_bytes : fitting;
+}
+
+template <class Traits, KvFormat kFormat>
+constexpr int attention_smem_bytes() {
+  return attention_fixed_smem_bytes<Traits, kFormat>() +
+         attention_stages<Traits, kFormat>() * kv_raw_page_bytes<kFormat>();
 }
 
 }  // namespace flashmsa::cuda

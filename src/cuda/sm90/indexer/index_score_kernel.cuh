@@ -29,7 +29,7 @@ template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   constexpr bool kFp8Mma = index_score_uses_fp8_mma<kFormat, kQueryFp8>();
-  constexpr bool kConvert = kFormat != KvFormat::kNative16 && !kFp8Mma;
+  constexpr bool kConvert = index_score_widens<kFormat, kQueryFp8>();
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
