@@ -683,6 +683,83 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
          attention / g_hbm_tbps, t.attention);
 }
 
+// ---- Fused FP8 projection (issue 18) ------------------------------------------------------
+
+// Per (tensor-parallel size, tokens): the projection's time, for the headline keys.
+struct ProjectionPoint {
+  int tp;
+  std::int64_t tokens;
+  double us, tflops;
+};
+std::vector<ProjectionPoint> g_projection_points;
+double g_projection_weight_bound_tp1_us = 0;
+
+// project_qkv_index (quantization kernel + cuBLASLt FP8 GEMM with per-token and per-channel
+// scales) at M3's hidden 6144, for the whole layer (TP 1: 9856 output channels) and one rank of
+// TP 8 (1536), graph replay; weight copies rotated so the weights stream from HBM as in serving.
+void projection() {
+  constexpr std::int64_t kHidden = 6144;
+  for (const int tp : {1, 8}) {
+    const flashmsa::Config rank = m3().for_tensor_parallel(tp, 0).config;
+    const std::int64_t n = flashmsa::projection_out_features(rank);
+    const std::int64_t weight_bytes = n * kHidden;
+    const std::int64_t copies = std::max<std::int64_t>(1, (150 << 20) / weight_bytes + 1);
+    DeviceArray<std::uint8_t> weights(static_cast<std::size_t>(copies * weight_bytes));
+    fill_bytes(weights.ptr, weights.n, 11, ByteFill::kE4m3);
+    std::vector<float> host_scale(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) host_scale[i] = std::ldexp(1.0f, -10 + int(i % 5));
+    DeviceArray<float> scale(host_scale);
+    if (tp == 1) g_projection_weight_bound_tp1_us = weight_bytes / (g_hbm_tbps * 1e12) * 1e6;
+    for (const std::int64_t tokens : {1, 8, 64, 4096, 16384}) {
+      DeviceArray<std::uint16_t> hidden(static_cast<std::size_t>(tokens * kHidden));
+      fill(hidden.ptr, hidden.n, 12);
+      DeviceArray<std::uint16_t> out(static_cast<std::size_t>(tokens * n));
+      DeviceArray<std::uint8_t> ws(
+          static_cast<std::size_t>(flashmsa::projection_workspace_bytes(tokens, kHidden)));
+      cudaStream_t stream;
+      FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      std::vector<cudaGraphExec_t> graphs;
+      const std::int64_t rotations = tokens >= 4096 ? 1 : copies;  // large T: compute-bound
+      for (std::int64_t r = 0; r < rotations; ++r) {
+        const flashmsa::ProjectionWeightView view{
+            TensorView::contiguous(weights.ptr + r * weight_bytes, DType::kFp8E4m3, {n, kHidden},
+                                   flashmsa::Device::kCuda),
+            TensorView::contiguous(scale.ptr, DType::kFp32, {n}, flashmsa::Device::kCuda)};
+        auto call = [&] {
+          flashmsa::project_qkv_index(
+              view,
+              TensorView::contiguous(hidden.ptr, DType::kBf16, {tokens, kHidden},
+                                     flashmsa::Device::kCuda),
+              TensorView::contiguous(out.ptr, DType::kBf16, {tokens, n}, flashmsa::Device::kCuda),
+              TensorView::contiguous(ws.ptr, DType::kUint8, {static_cast<std::int64_t>(ws.n)},
+                                     flashmsa::Device::kCuda),
+              {.stream = stream});
+        };
+        call();  // outside the capture: cuBLASLt's one-time setup and algorithm choice
+        FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        call();
+        FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+        FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
+        cudaGraphDestroy(g);
+        graphs.push_back(e);
+      }
+      const Stat st = time_graphs(graphs, stream);
+      const double tflops = 2.0 * tokens * n * kHidden / st.median_s / 1e12;
+      g_projection_points.push_back({tp, tokens, st.median_s * 1e6, tflops});
+      report("projection fp8 TP" + std::to_string(tp) + " (" + std::to_string(n) + " x 6144), T " +
+                 std::to_string(tokens),
+             tflops, "TFLOP/s", tflops / g_fp8_gemm_tflops, st);
+      for (auto e : graphs) cudaGraphExecDestroy(e);
+      cudaStreamDestroy(stream);
+    }
+  }
+  std::printf("projection TP1 weight read at the HBM ceiling: %.1f us (T = 1 lower bound)\n",
+              g_projection_weight_bound_tp1_us);
+}
+
 // Where a decode step's time goes (issue 16): the step graph replayed with every kernel's phase
 // clock set (src/cuda/common/phase_clock.hpp), 15 samples after warm-up. Per kernel, when its
 // first CTA starts and its last one ends (globaltimer, from the step's first CTA start); per CTA
@@ -1057,6 +1134,26 @@ nlohmann::ordered_json headline() {
   if (const auto* d = point("nvfp4", 64, 32768); d && bf16) {
     h["decode_nvfp4_speedup_64x32K"] = bf16->step_us / d->step_us;
   }
+  auto projection_point = [](int tp, std::int64_t tokens) -> const ProjectionPoint* {
+    for (const ProjectionPoint& p : g_projection_points) {
+      if (p.tp == tp && p.tokens == tokens) return &p;
+    }
+    return nullptr;
+  };
+  // Issue 18: the whole layer (TP 1) at M3's hidden 6144; T = 1 also per TP-8 rank, and the
+  // TP-1 weight's read time at the HBM ceiling (no T = 1 projection can beat it).
+  if (const auto* p = projection_point(1, 4096)) {
+    h["projection_fp8_4096_tflops"] = p->tflops;
+    h["projection_fp8_4096_ceiling_fraction"] = p->tflops / g_fp8_gemm_tflops;
+  }
+  if (const auto* p = projection_point(1, 16384)) {
+    h["projection_fp8_16384_ceiling_fraction"] = p->tflops / g_fp8_gemm_tflops;
+  }
+  if (const auto* p = projection_point(1, 1)) {
+    h["projection_fp8_T1_us"] = p->us;
+    h["projection_fp8_T1_weight_read_us"] = g_projection_weight_bound_tp1_us;
+  }
+  if (const auto* p = projection_point(8, 1)) h["projection_fp8_T1_tp8_us"] = p->us;
   if (!g_decode_points.empty()) {
     double worst = 0;
     for (const DecodePoint& d : g_decode_points)
@@ -1153,6 +1250,7 @@ int main(int argc, char** argv) {
       {"decode grid", decode_grid},
       {"decode phases 1x8K", [] { decode_phases(1, 8192); }},
       {"decode phases 64x32K", [] { decode_phases(64, 32768); }},
+      {"projection", projection},
       {"prefill end to end", prefill_end_to_end},
       {"production prefill set", [&] { production_cases(cases_path); }},
   };

@@ -8,6 +8,8 @@
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats/minifloat.hpp"
 #include "src/cpu/gemm.hpp"
+#include "src/cuda/cuda_ops.hpp"
+#include "src/projection_workspace.hpp"
 
 namespace flashmsa {
 
@@ -60,6 +62,33 @@ float quantize_row(const float* x, std::int64_t n, std::uint8_t* codes) {
   const float scale = amax > 0.0f ? amax / kE4m3Max : 1.0f;
   for (std::int64_t i = 0; i < n; ++i) codes[i] = fmt::float_to_e4m3(x[i] / scale);
   return scale;
+}
+
+// out = dequant(quantize_per_token(hidden)) . dequant(weight)^T in fp32, rounded to bf16: the
+// CPU projection (project_qkv_index_cpu and project_qkv_index on host tensors).
+void project_rows(const std::uint8_t* weight, const float* scale, std::int64_t n, std::int64_t k,
+                  const TensorView& hidden, const TensorView& out) {
+  const std::int64_t tokens = hidden.shape[0];
+  // Dequantized operands in fp32; products by the CPU backend's GEMM (fp32 accumulation).
+  std::vector<float> w(static_cast<std::size_t>(n * k));
+  for (std::int64_t o = 0; o < n; ++o) {
+    for (std::int64_t h = 0; h < k; ++h)
+      w[o * k + h] = fmt::e4m3_to_float(weight[o * k + h]) * scale[o];
+  }
+  std::vector<float> x(static_cast<std::size_t>(tokens * k)), row(static_cast<std::size_t>(k));
+  std::vector<std::uint8_t> codes(static_cast<std::size_t>(k));
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    const auto* bits = hidden.as<const std::uint16_t>() + t * hidden.stride[0];
+    for (std::int64_t h = 0; h < k; ++h) row[h] = fmt::bf16_to_float(bits[h]);
+    const float s = quantize_row(row.data(), k, codes.data());
+    for (std::int64_t h = 0; h < k; ++h) x[t * k + h] = fmt::e4m3_to_float(codes[h]) * s;
+  }
+  std::vector<float> y(static_cast<std::size_t>(tokens * n));
+  cpu::gemm_nt(tokens, n, k, 1.0f, x.data(), k, w.data(), k, 0.0f, y.data(), n);
+  for (std::int64_t t = 0; t < tokens; ++t) {
+    auto* dst = out.as<std::uint16_t>() + t * out.stride[0];
+    for (std::int64_t o = 0; o < n; ++o) dst[o] = fmt::float_to_bf16(y[t * n + o]);
+  }
 }
 
 }  // namespace
@@ -136,28 +165,49 @@ void project_qkv_index_cpu(const PackedProjection& packed, const TensorView& hid
   check_output_tensor(out, "out", DType::kBf16, Device::kCpu, {tokens, packed.out_features});
   if (tokens == 0) return;
 
-  // Dequantized operands in fp32; products by the CPU backend's GEMM (fp32 accumulation).
-  const std::int64_t k = packed.hidden, n = packed.out_features;
-  std::vector<float> w(static_cast<std::size_t>(n * k));
-  for (std::int64_t o = 0; o < n; ++o) {
-    for (std::int64_t h = 0; h < k; ++h) {
-      w[o * k + h] = fmt::e4m3_to_float(packed.weight[o * k + h]) * packed.scale[o];
-    }
+  project_rows(packed.weight.data(), packed.scale.data(), packed.out_features, packed.hidden,
+               hidden, out);
+}
+
+std::int64_t projection_workspace_bytes(std::int64_t max_tokens, std::int64_t hidden) {
+  FLASHMSA_CHECK_ARG(max_tokens >= 0, "max_tokens must be >= 0, got ", max_tokens);
+  FLASHMSA_CHECK_ARG(hidden > 0, "hidden must be > 0, got ", hidden);
+  return detail::projection_workspace_layout(max_tokens, hidden).total;
+}
+
+void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
+                       const TensorView& out, const TensorView& workspace,
+                       const OpOptions& options) {
+  const Device device = weights.weight.device;
+  check_tensor(weights.weight, "weights.weight", DType::kFp8E4m3, device, {-1, -1});
+  const std::int64_t n = weights.weight.shape[0], k = weights.weight.shape[1];
+  FLASHMSA_CHECK_ARG(n > 0 && k > 0,
+                     "weights.weight must be [out_features, hidden], both > 0, got [", n, ", ", k,
+                     "]");
+  FLASHMSA_CHECK_ARG(weights.weight.stride[0] == k,
+                     "weights.weight must be contiguous (row stride hidden = ", k, "), got ",
+                     weights.weight.stride[0]);
+  check_tensor(weights.scale, "weights.scale", DType::kFp32, device, {n});
+  check_tensor(hidden, "hidden", DType::kBf16, device, {-1, k});
+  const std::int64_t tokens = hidden.shape[0];
+  check_output_tensor(out, "out", DType::kBf16, device, {tokens, n});
+  if (device == Device::kCuda) {
+    FLASHMSA_CHECK_ARG(k % 16 == 0,
+                       "hidden must be a multiple of 16 on the CUDA backend (FP8 GEMM ",
+                       "operands), got ", k);
+    FLASHMSA_CHECK_ARG(n % 8 == 0, "out_features must be a multiple of 8 on the CUDA backend, got ",
+                       n);
+    FLASHMSA_CHECK_ARG(hidden.stride[0] == k && out.stride[0] == n,
+                       "hidden and out must have contiguous rows on the CUDA backend, got row "
+                       "strides ",
+                       hidden.stride[0], " and ", out.stride[0]);
+    check_tensor(workspace, "workspace", DType::kUint8, device, {-1});
+    cuda::project_qkv_index(weights, hidden, out, workspace, options.stream);
+    return;
   }
-  std::vector<float> x(static_cast<std::size_t>(tokens * k)), row(static_cast<std::size_t>(k));
-  std::vector<std::uint8_t> codes(static_cast<std::size_t>(k));
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    const auto* bits = hidden.as<const std::uint16_t>() + t * hidden.stride[0];
-    for (std::int64_t h = 0; h < k; ++h) row[h] = fmt::bf16_to_float(bits[h]);
-    const float scale = quantize_row(row.data(), k, codes.data());
-    for (std::int64_t h = 0; h < k; ++h) x[t * k + h] = fmt::e4m3_to_float(codes[h]) * scale;
-  }
-  std::vector<float> y(static_cast<std::size_t>(tokens * n));
-  cpu::gemm_nt(tokens, n, k, 1.0f, x.data(), k, w.data(), k, 0.0f, y.data(), n);
-  for (std::int64_t t = 0; t < tokens; ++t) {
-    auto* dst = out.as<std::uint16_t>() + t * out.stride[0];
-    for (std::int64_t o = 0; o < n; ++o) dst[o] = fmt::float_to_bf16(y[t * n + o]);
-  }
+  if (tokens == 0) return;
+  project_rows(weights.weight.as<const std::uint8_t>(), weights.scale.as<const float>(), n, k,
+               hidden, out);
 }
 
 }  // namespace flashmsa

@@ -4,7 +4,9 @@
 // hidden states -> projection -> produce_qkv_index needs no reshuffling in between.
 //
 //   auto packed = flashmsa::pack_qkv_index_projection(config, 8, rank, weights);  // once
-//   flashmsa::project_qkv_index_cpu(packed, hidden_states, fused);                 // per step
+//   // upload packed.weight / packed.scale to the GPU once; then per step, on a stream:
+//   flashmsa::project_qkv_index({weight, scale}, hidden_states, fused, workspace, {.stream = s});
+//   flashmsa::produce_qkv_index(config, {.qkv_index = fused, ...}, ...);
 //
 // Packed layout, version 1 (kProjectionLayoutVersion):
 //   weight [out_features, hidden] E4M3 codes, row-major: each output channel's hidden values
@@ -26,6 +28,7 @@
 #include <vector>
 
 #include "flashmsa/config.hpp"
+#include "flashmsa/ops.hpp"
 #include "flashmsa/tensor.hpp"
 
 namespace flashmsa {
@@ -74,5 +77,28 @@ PackedProjection pack_qkv_index_projection(const Config& layer, int tp_size, int
 // A token with a NaN or infinity gets NaN outputs (never hidden).
 void project_qkv_index_cpu(const PackedProjection& packed, const TensorView& hidden,
                            const TensorView& out);
+
+// A packed weight where the projection reads it (both tensors on one device, contiguous):
+// weight fp8_e4m3 [out_features, hidden] codes and scale fp32 [out_features], as packed.
+struct ProjectionWeightView {
+  TensorView weight, scale;
+};
+
+// Bytes of device workspace project_qkv_index needs for up to `max_tokens` tokens of width
+// `hidden` on the CUDA backend (the E4M3 activations, their scales and the GEMM's scratch). A
+// buffer sized for the largest batch serves every smaller one and every captured graph.
+std::int64_t projection_workspace_bytes(std::int64_t max_tokens, std::int64_t hidden);
+
+// The projection on the tensors' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16
+// (the producer's qkv_index input), with the numerics of project_qkv_index_cpu. CUDA: one kernel
+// quantizes each token to E4M3 (its scale max |x| / 448), then a cuBLASLt FP8 GEMM with the
+// per-token and per-channel scales applied in its epilogue (outer-vector scaling; fp32
+// accumulation without fast accumulation) writes bf16; on options.stream, no host sync, CUDA-graph
+// capturable. `workspace` (uint8, 256-byte aligned, projection_workspace_bytes) is CUDA only; the
+// CPU backend ignores it. hidden % 16 == 0 and out_features % 8 == 0 on CUDA (FP8 GEMM operand
+// alignment), which every Config satisfies.
+void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
+                       const TensorView& out, const TensorView& workspace,
+                       const OpOptions& options = {});
 
 }  // namespace flashmsa

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "flashmsa/ops.hpp"
+#include "flashmsa/projection.hpp"
 
 namespace flashmsa::cuda {
 
@@ -43,5 +44,10 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
                              const AttentionOutputs& out, void* stream);
 void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv,
                      const PrefillBatch& batch, const AttentionOutputs& out, void* stream);
+
+// The fused Q/K/V + index projection: per-token E4M3 quantization, then the cuBLASLt FP8 GEMM
+// (include/flashmsa/projection.hpp); arguments validated by src/projection.cpp.
+void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
+                       const TensorView& out, const TensorView& workspace, void* stream);
 
 }  // namespace flashmsa::cuda

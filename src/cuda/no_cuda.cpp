@@ -79,5 +79,10 @@ void dense_attention(const Config&, const TensorView&, const KvCacheView&, const
                      const AttentionOutputs&, void*) {
   throw Error(ErrorKind::kUnsupported, "dense_attention: CUDA tensors, but this build has no CUDA");
 }
+void project_qkv_index(const ProjectionWeightView&, const TensorView&, const TensorView&,
+                       const TensorView&, void*) {
+  throw Error(ErrorKind::kUnsupported,
+              "project_qkv_index: CUDA tensors, but this build has no CUDA");
+}
 
 }  // namespace flashmsa::cuda

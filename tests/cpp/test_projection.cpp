@@ -236,6 +236,40 @@ void expect_error(const std::function<void()>& call, const std::string& needle) 
   }
 }
 
+// The device-generic entry point on host tensors (the CPU backend) is the CPU projection, bit for
+// bit, reading the packed weight through views; its own argument checks name the argument.
+TEST(Projection, ViewEntryPointOnTheCpuEqualsTheCpuProjection) {
+  const Layer layer = m3_layer();
+  const PackedProjection p = pack_qkv_index_projection(layer.config, 2, 1, layer.views());
+  const std::int64_t tokens = 3;
+  const std::vector<std::uint16_t> x = random_weight(tokens, 17);
+  std::vector<std::uint16_t> want(static_cast<std::size_t>(tokens * p.out_features), 0xFFFF);
+  std::vector<std::uint16_t> got(want.size(), 0xA5A5);
+  const auto xv = TensorView::contiguous(x.data(), DType::kBf16, {tokens, kHidden});
+  project_qkv_index_cpu(p, xv,
+                        TensorView::contiguous(want.data(), DType::kBf16, {tokens, p.out_features}));
+  const ProjectionWeightView view{
+      TensorView::contiguous(p.weight.data(), DType::kFp8E4m3, {p.out_features, kHidden}),
+      TensorView::contiguous(p.scale.data(), DType::kFp32, {p.out_features})};
+  project_qkv_index(view, xv,
+                    TensorView::contiguous(got.data(), DType::kBf16, {tokens, p.out_features}), {});
+  EXPECT_EQ(got, want);
+
+  ProjectionWeightView bad = view;
+  bad.weight = TensorView::contiguous(p.weight.data(), DType::kUint8, {p.out_features, kHidden});
+  expect_error([&] { project_qkv_index(bad, xv, TensorView(), {}); }, "weights.weight");
+  bad = view;
+  bad.scale = TensorView::contiguous(p.scale.data(), DType::kFp32, {p.out_features + 1});
+  expect_error([&] { project_qkv_index(bad, xv, TensorView(), {}); }, "weights.scale");
+  expect_error(
+      [&] {
+        project_qkv_index(view, xv,
+                          TensorView::contiguous(got.data(), DType::kBf16, {tokens, kHidden}), {});
+      },
+      "out");
+  expect_error([&] { projection_workspace_bytes(-1, kHidden); }, "max_tokens");
+}
+
 TEST(Projection, BadInputNamesTheArgument) {
   Layer layer = m3_layer();
   const ProjectionWeights w = layer.views();
