@@ -24,6 +24,8 @@ Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D
   pack_qkv_index_projection(config, tp_size, rank, q, k, v, index_q, index_k) -> (weight, scale):
                 the fused FP8 projection's packed weight of one rank (E4M3 codes + per-channel
                 scales, channels in the producer's row order); project_qkv_index_cpu runs it
+  project_qkv_index(weight, scale, hidden [T, hidden] bf16, out [T, out_features] bf16): the
+                projection on the arrays' device (CUDA: E4M3 quantization + cuBLASLt FP8 GEMM)
 help(flashmsa.<function>) gives each one's arguments.
 """
 
@@ -49,8 +51,10 @@ from ._flashmsa import (  # noqa: F401
     kv_cache,
     pack_qkv_index_projection,
     produce_qkv_index,
+    project_qkv_index,
     project_qkv_index_cpu,
     projection_source,
+    projection_workspace_bytes,
     PROJECTION_LAYOUT_VERSION,
     sparse_attention_decode,
     sparse_attention_prefill,
@@ -83,6 +87,9 @@ sparse_attention_decode = _with_cuda_defaults(_C.sparse_attention_decode,
 insert_kv = _with_cuda_defaults(_C.insert_kv, [])
 insert_index_k = _with_cuda_defaults(_C.insert_index_k, [])
 produce_qkv_index = _with_cuda_defaults(_C.produce_qkv_index, [])
+project_qkv_index = _with_cuda_defaults(
+    _C.project_qkv_index, ["weight", "scale", "hidden"],
+    lambda a: _C.projection_workspace_bytes(a["hidden"].shape[0], a["hidden"].shape[1]))
 
 __version__ = version()
 
@@ -93,7 +100,8 @@ __all__ = [
     "decode_workspace_bytes", "dense_attention", "index_cache_view", "index_decode",
     "index_prefill", "index_workspace_bytes", "insert_index_k", "insert_kv", "kv_cache",
     "PROJECTION_LAYOUT_VERSION", "pack_qkv_index_projection", "produce_qkv_index",
-    "project_qkv_index_cpu", "projection_source", "sparse_attention_decode",
+    "project_qkv_index", "project_qkv_index_cpu", "projection_source",
+    "projection_workspace_bytes", "sparse_attention_decode",
     "sparse_attention_prefill", "version",
 ]
 

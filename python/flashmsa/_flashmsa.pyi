@@ -375,3 +375,13 @@ def project_qkv_index_cpu(weight: Annotated[NDArray, dict(writable=False)], scal
     """
     The fused projection on the CPU (the oracle of a GPU path): hidden [T, hidden] bf16 -> per-token E4M3 (scale max|x|/448) -> fp32 products with the packed weight -> bf16 [T, out_features] (uint16 bits when out is left out).
     """
+
+def projection_workspace_bytes(max_tokens: int, hidden: int) -> int:
+    """
+    Bytes of device workspace project_qkv_index needs for up to max_tokens tokens (CUDA).
+    """
+
+def project_qkv_index(weight: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], hidden: Annotated[NDArray, dict(writable=False)], out: object, workspace: object | None = None, stream: int = 0) -> None:
+    """
+    The fused projection on the arrays' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16 (the producer's qkv_index), with the packed weight (E4M3 codes as uint8 or fp8, [out_features, hidden]) and its float32 scale. CUDA: per-token E4M3 quantization + cuBLASLt FP8 GEMM on `stream`, with a uint8 workspace of projection_workspace_bytes(T, hidden) bytes; graph-capturable.
+    """

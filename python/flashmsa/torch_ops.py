@@ -306,3 +306,23 @@ def _(qkv_index, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm
       index_scales, q, index_q, kv_layout="packed", kv_dtype="bf16", index_dtype="bf16",
       k_scale=1.0, v_scale=1.0):
     return None
+
+
+@torch.library.custom_op("flashmsa::project_qkv_index", mutates_args=())
+def project_qkv_index(hidden: torch.Tensor, weight: torch.Tensor,
+                      scale: torch.Tensor) -> torch.Tensor:
+    """The fused FP8 Q/K/V + index projection: hidden [T, hidden] bf16 -> [T, out_features] bf16
+    (produce_qkv_index's qkv_index), with a packed weight (uint8 E4M3 codes [out_features,
+    hidden] and float32 scale [out_features], from pack_qkv_index_projection, on the same
+    device). CUDA: per-token E4M3 quantization + cuBLASLt FP8 GEMM on the current stream."""
+    out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16,
+                      device=hidden.device)
+    extra = _device_args(hidden, lambda: _C.projection_workspace_bytes(hidden.shape[0],
+                                                                       hidden.shape[1]))
+    _C.project_qkv_index(weight, scale, hidden, out, **extra)
+    return out
+
+
+@project_qkv_index.register_fake
+def _(hidden, weight, scale):
+    return hidden.new_empty((hidden.shape[0], weight.shape[0]))

@@ -857,4 +857,32 @@ NB_MODULE(_flashmsa, m) {
       "The fused projection on the CPU (the oracle of a GPU path): hidden [T, hidden] bf16 -> "
       "per-token E4M3 (scale max|x|/448) -> fp32 products with the packed weight -> bf16 "
       "[T, out_features] (uint16 bits when out is left out).");
+
+  m.def(
+      "projection_workspace_bytes",
+      [](std::int64_t max_tokens, std::int64_t hidden) {
+        return projection_workspace_bytes(max_tokens, hidden);
+      },
+      nb::arg("max_tokens"), nb::arg("hidden"),
+      "Bytes of device workspace project_qkv_index needs for up to max_tokens tokens (CUDA).");
+
+  m.def(
+      "project_qkv_index",
+      [](const AnyArray& weight, const AnyArray& scale, const AnyArray& hidden, nb::handle out,
+         nb::handle workspace, std::int64_t stream) {
+        // Every view (they touch Python objects) before the GIL is released.
+        const ProjectionWeightView weights{as_fp8(view(weight, "weight")), view(scale, "scale")};
+        const TensorView x = view(hidden, "hidden"), o = output_view(out, "out"),
+                         ws = output_view(workspace, "workspace");
+        const OpOptions options = op_options(false, 0, stream);
+        nb::gil_scoped_release release;
+        project_qkv_index(weights, x, o, ws, options);
+      },
+      nb::arg("weight"), nb::arg("scale"), nb::arg("hidden"), nb::arg("out"),
+      nb::arg("workspace") = nb::none(), nb::arg("stream") = 0,
+      "The fused projection on the arrays' device: hidden [T, hidden] bf16 -> out [T, "
+      "out_features] bf16 (the producer's qkv_index), with the packed weight (E4M3 codes as "
+      "uint8 or fp8, [out_features, hidden]) and its float32 scale. CUDA: per-token E4M3 "
+      "quantization + cuBLASLt FP8 GEMM on `stream`, with a uint8 workspace of "
+      "projection_workspace_bytes(T, hidden) bytes; graph-capturable.");
 }

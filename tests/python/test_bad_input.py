@@ -160,6 +160,15 @@ def cm_with_request():
 
 # (class, call, exception, message pattern). Patterns name the argument and the expected and
 # actual values, so a message that loses any of them fails the case.
+def project(**over):
+    """project_qkv_index on a small valid host problem (16 channels, hidden 32, 3 tokens), with
+    `over` replacing arguments."""
+    a = dict(weight=np.zeros((16, 32), np.uint8), scale=np.ones(16, np.float32),
+             hidden=bf16((3, 32)), out=np.zeros((3, 16), np.uint16))
+    a.update(over)
+    return flashmsa.project_qkv_index(**a)
+
+
 ERRORS = [
     # ---- Config: every field's rule ----
     ("config.sparse_num_index_heads=0", lambda: check_config(sparse_num_index_heads=0),
@@ -601,6 +610,21 @@ ERRORS = [
     ("produce kv cache dtype against the config", lambda: produce(config=config(
         kv_cache_dtype="fp16")), ValueError,
      r"kv_cache\.dtype must be fp16 \(config\.kv_cache_dtype\), got bf16"),
+
+    # ---- project_qkv_index ----
+    ("project weight dtype", lambda: project(weight=np.zeros((16, 32), np.uint16)), ValueError,
+     r"weights\.weight must have dtype fp8_e4m3, got bf16"),
+    ("project scale length", lambda: project(scale=np.ones(15, np.float32)), ValueError,
+     r"weights\.scale must have shape \[16\], got \[15\]"),
+    ("project hidden width", lambda: project(hidden=bf16((3, 31))), ValueError,
+     r"hidden must have shape \[\*, 32\], got \[3, 31\]"),
+    ("project out rows", lambda: project(out=np.zeros((4, 16), np.uint16)), ValueError,
+     r"out must have shape \[3, 16\], got \[4, 16\]"),
+    ("project out read-only", lambda: project(out=np.broadcast_to(np.zeros(16, np.uint16),
+                                                                (3, 16))), ValueError,
+     r"out is written by this call and must be a writable array, got a read-only one"),
+    ("projection workspace tokens", lambda: flashmsa.projection_workspace_bytes(-1, 6144),
+     ValueError, r"max_tokens must be >= 0, got -1"),
 ]
 
 

@@ -76,3 +76,36 @@ def test_cpu_projection_is_the_documented_computation():
         flashmsa.project_qkv_index_cpu(weight, scale, x[:, :-1])
     with pytest.raises(ValueError, match="tp_size"):
         flashmsa.pack_qkv_index_projection(c, 3, 0, **w)
+
+
+def test_device_generic_entry_point_equals_the_cpu_projection():
+    """project_qkv_index on host arrays is the CPU projection bit for bit, writing the caller's
+    out; the CUDA path is compared with it by the GPU tests and the torch op test."""
+    c, w = flashmsa.Config(), layer(3)
+    weight, scale = flashmsa.pack_qkv_index_projection(c, 4, 2, **w)
+    x = layer(4)["index_k"][:3]
+    out = np.full((3, weight.shape[0]), 0xA5A5, np.uint16)
+    flashmsa.project_qkv_index(weight, scale, x, out)
+    assert np.array_equal(out, flashmsa.project_qkv_index_cpu(weight, scale, x))
+    assert flashmsa.projection_workspace_bytes(64, 6144) >= 64 * 6144 + 64 * 4
+    with pytest.raises(ValueError, match="out"):
+        flashmsa.project_qkv_index(weight, scale, x, out[:, :-1])
+    with pytest.raises(ValueError, match="scale"):
+        flashmsa.project_qkv_index(weight, scale[:-1], x, out)
+
+
+def test_torch_op_on_cuda_matches_the_cpu_projection():
+    torch = pytest.importorskip("torch", reason="torch is not installed in this environment")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device for the torch op")
+    c, w = flashmsa.Config(), layer(5)
+    weight, scale = flashmsa.pack_qkv_index_projection(c, 8, 1, **w)
+    x = layer(6)["index_k"][:16]
+    want = from_bf16(flashmsa.project_qkv_index_cpu(weight, scale, x)).astype(np.float64)
+    hidden = torch.from_numpy(x.astype(np.int16)).view(torch.bfloat16).cuda()
+    got = torch.ops.flashmsa.project_qkv_index(hidden, torch.from_numpy(weight).cuda(),
+                                               torch.from_numpy(scale).cuda())
+    got = got.float().cpu().numpy().astype(np.float64)
+    # Two bf16 roundings of sums of the same exact products (scales before / after the sum):
+    # 2 x (2^-8 relative + fp32 summation) as in the C++ GPU test.
+    assert np.all(np.abs(got - want) <= np.abs(want) * 2.0**-7 + 1e-5 * np.abs(want).max())
