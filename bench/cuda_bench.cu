@@ -683,88 +683,6 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
          attention / g_hbm_tbps, t.attention);
 }
 
-// ---- Fused FP8 projection (issue 18) ------------------------------------------------------
-
-// Per (tensor-parallel size, tokens): the projection's time, for the headline keys.
-struct ProjectionPoint {
-  int tp;
-  std::int64_t tokens;
-  double us, tflops;
-};
-std::vector<ProjectionPoint> g_projection_points;
-double g_projection_weight_bound_tp1_us = 0;
-
-// project_qkv_index (quantization kernel + cuBLASLt FP8 GEMM with per-token and per-channel
-// scales) at M3's hidden 6144, for the whole layer (TP 1: 9856 output channels) and one rank of
-// TP 8 (1536), graph replay; weight copies rotated so the weights stream from HBM as in serving.
-void projection() {
-  constexpr std::int64_t kHidden = 6144;
-  for (const int tp : {1, 8}) {
-    const flashmsa::Config rank = m3().for_tensor_parallel(tp, 0).config;
-    const std::int64_t n = flashmsa::projection_out_features(rank);
-    const std::int64_t weight_bytes = n * kHidden;
-    const std::int64_t copies = std::max<std::int64_t>(1, (150 << 20) / weight_bytes + 1);
-    DeviceArray<std::uint8_t> weights(static_cast<std::size_t>(copies * weight_bytes));
-    fill_bytes(weights.ptr, weights.n, 11, ByteFill::kE4m3);
-    std::vector<float> host_scale(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) host_scale[i] = std::ldexp(1.0f, -10 + int(i % 5));
-    DeviceArray<float> scale(host_scale);
-    if (tp == 1) g_projection_weight_bound_tp1_us = weight_bytes / (g_hbm_tbps * 1e12) * 1e6;
-    for (const std::int64_t tokens : {1, 8, 64, 4096, 16384}) {
-      DeviceArray<std::uint16_t> hidden(static_cast<std::size_t>(tokens * kHidden));
-      fill(hidden.ptr, hidden.n, 12);
-      DeviceArray<std::uint16_t> out(static_cast<std::size_t>(tokens * n));
-      DeviceArray<std::uint8_t> ws(
-          static_cast<std::size_t>(flashmsa::projection_workspace_bytes(tokens, kHidden)));
-      cudaStream_t stream;
-      FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-      std::vector<cudaGraphExec_t> graphs;
-      const std::int64_t rotations = tokens >= 4096 ? 1 : copies;  // large T: compute-bound
-      for (std::int64_t r = 0; r < rotations; ++r) {
-        const flashmsa::ProjectionWeightView view{
-            TensorView::contiguous(weights.ptr + r * weight_bytes, DType::kFp8E4m3, {n, kHidden},
-                                   flashmsa::Device::kCuda),
-            TensorView::contiguous(scale.ptr, DType::kFp32, {n}, flashmsa::Device::kCuda)};
-        auto call = [&] {
-          flashmsa::project_qkv_index(
-              view,
-              TensorView::contiguous(hidden.ptr, DType::kBf16, {tokens, kHidden},
-                                     flashmsa::Device::kCuda),
-              TensorView::contiguous(out.ptr, DType::kBf16, {tokens, n}, flashmsa::Device::kCuda),
-              TensorView::contiguous(ws.ptr, DType::kUint8, {static_cast<std::int64_t>(ws.n)},
-                                     flashmsa::Device::kCuda),
-              {.stream = stream});
-        };
-        call();  // outside the capture: cuBLASLt's one-time setup and algorithm choice
-        FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
-        cudaGraph_t g;
-        cudaGraphExec_t e;
-        FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        call();
-        FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
-        FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
-        cudaGraphDestroy(g);
-        graphs.push_back(e);
-      }
-      const Stat st = time_graphs(graphs, stream);
-      const double tflops = 2.0 * tokens * n * kHidden / st.median_s / 1e12;
-      g_projection_points.push_back({tp, tokens, st.median_s * 1e6, tflops});
-      report("projection fp8 TP" + std::to_string(tp) + " (" + std::to_string(n) + " x 6144), T " +
-                 std::to_string(tokens),
-             tflops, "TFLOP/s", tflops / g_fp8_gemm_tflops, st);
-      for (auto e : graphs) cudaGraphExecDestroy(e);
-      cudaStreamDestroy(stream);
-    }
-  }
-  std::printf("projection TP1 weight read at the HBM ceiling: %.1f us (T = 1 lower bound)\n",
-              g_projection_weight_bound_tp1_us);
-}
-
-// Where a decode step's time goes (issue 16): the step graph replayed with every kernel's phase
-// clock set (src/cuda/common/phase_clock.hpp), 15 samples after warm-up. Per kernel, when its
-// first CTA starts and its last one ends (globaltimer, from the step's first CTA start); per CTA
-// of the attention and the scoring, the median time of each phase (clock64 at the boost clock).
-// The step's event time less the kernels' span is the graph launch and the gaps it leaves.
 void decode_phases(std::int64_t requests, std::int64_t len) {
   using flashmsa::cuda::kPhaseSlots;
   using flashmsa::cuda::PhaseKernel;
@@ -1108,6 +1026,109 @@ double decode_floor_us(const DecodePoint& d) {
   return 10.0 + d.bytes / (f * g_hbm_tbps * 1e12) * 1e6;
 }
 
+// ---- Fused FP8 projection (issue 18) ------------------------------------------------------
+
+// Per (tensor-parallel size, tokens): the projection's time, for the headline keys.
+struct ProjectionPoint {
+  int tp;
+  std::int64_t tokens;
+  double us, tflops;
+};
+std::vector<ProjectionPoint> g_projection_points;
+double g_projection_weight_bound_tp1_us = 0;
+
+// project_qkv_index (quantization kernel + cuBLASLt FP8 GEMM with per-token and per-channel
+// scales) at M3's hidden 6144, for the whole layer (TP 1: 9856 output channels) and one rank of
+// TP 8 (1536), graph replay; weight copies rotated so the weights stream from HBM as in serving.
+void projection() {
+  constexpr std::int64_t kHidden = 6144;
+  for (const int tp : {1, 8}) {
+    const flashmsa::Config rank = m3().for_tensor_parallel(tp, 0).config;
+    const std::int64_t n = flashmsa::projection_out_features(rank);
+    const std::int64_t weight_bytes = n * kHidden;
+    const std::int64_t copies = std::max<std::int64_t>(1, (150 << 20) / weight_bytes + 1);
+    DeviceArray<std::uint8_t> weights(static_cast<std::size_t>(copies * weight_bytes));
+    fill_bytes(weights.ptr, weights.n, 11, ByteFill::kE4m3);
+    std::vector<float> host_scale(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) host_scale[i] = std::ldexp(1.0f, -10 + int(i % 5));
+    DeviceArray<float> scale(host_scale);
+    if (tp == 1) g_projection_weight_bound_tp1_us = weight_bytes / (g_hbm_tbps * 1e12) * 1e6;
+    for (const std::int64_t tokens : {1, 8, 64, 4096, 16384}) {
+      DeviceArray<std::uint16_t> hidden(static_cast<std::size_t>(tokens * kHidden));
+      fill(hidden.ptr, hidden.n, 12);
+      DeviceArray<std::uint16_t> out(static_cast<std::size_t>(tokens * n));
+      DeviceArray<std::uint8_t> ws(
+          static_cast<std::size_t>(flashmsa::projection_workspace_bytes(tokens, kHidden)));
+      cudaStream_t stream;
+      FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      std::vector<cudaGraphExec_t> graphs;
+      const std::int64_t rotations = tokens >= 4096 ? 1 : copies;  // large T: compute-bound
+      for (std::int64_t r = 0; r < rotations; ++r) {
+        const flashmsa::ProjectionWeightView view{
+            TensorView::contiguous(weights.ptr + r * weight_bytes, DType::kFp8E4m3, {n, kHidden},
+                                   flashmsa::Device::kCuda),
+            TensorView::contiguous(scale.ptr, DType::kFp32, {n}, flashmsa::Device::kCuda)};
+        auto call = [&] {
+          flashmsa::project_qkv_index(
+              view,
+              TensorView::contiguous(hidden.ptr, DType::kBf16, {tokens, kHidden},
+                                     flashmsa::Device::kCuda),
+              TensorView::contiguous(out.ptr, DType::kBf16, {tokens, n}, flashmsa::Device::kCuda),
+              TensorView::contiguous(ws.ptr, DType::kUint8, {static_cast<std::int64_t>(ws.n)},
+                                     flashmsa::Device::kCuda),
+              {.stream = stream});
+        };
+        call();  // outside the capture: cuBLASLt's one-time setup and algorithm choice
+        FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+        cudaGraph_t g;
+        cudaGraphExec_t e;
+        FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        call();
+        FLASHMSA_CHECK_CUDA(cudaStreamEndCapture(stream, &g));
+        FLASHMSA_CHECK_CUDA(cudaGraphInstantiate(&e, g, 0));
+        cudaGraphDestroy(g);
+        graphs.push_back(e);
+      }
+      const Stat st = time_graphs(graphs, stream);
+      const double tflops = 2.0 * tokens * n * kHidden / st.median_s / 1e12;
+      g_projection_points.push_back({tp, tokens, st.median_s * 1e6, tflops});
+      report("projection fp8 TP" + std::to_string(tp) + " (" + std::to_string(n) + " x 6144), T " +
+                 std::to_string(tokens),
+             tflops, "TFLOP/s", tflops / g_fp8_gemm_tflops, st);
+      for (auto e : graphs) cudaGraphExecDestroy(e);
+      cudaStreamDestroy(stream);
+    }
+  }
+  std::printf("projection TP1 weight read at the HBM ceiling: %.1f us (T = 1 lower bound)\n",
+              g_projection_weight_bound_tp1_us);
+
+  // Its share of the work it feeds, same run: a decode step of 64 requests at 32K (fp8 caches and
+  // fp8 indexer, what the fused path requires) and a 4096-token prefill chunk after a 28K prefix
+  // (indexer + sparse attention, bf16 caches, coherent selections).
+  auto share = [&](const std::string& what, double projection_us, double rest_us) {
+    const double f = projection_us / (projection_us + rest_us);
+    report("projection share of " + what, 100 * f, "%", f,
+           Stat{(projection_us + rest_us) * 1e-6, 0});
+  };
+  auto point = [](int tp, std::int64_t tokens) {
+    for (const ProjectionPoint& p : g_projection_points) {
+      if (p.tp == tp && p.tokens == tokens) return p.us;
+    }
+    return 0.0;
+  };
+  const DecodeTimes step = run_decode(kCacheKinds[1], 64, 32768, 1);
+  share("a decode step, 64 x 32K fp8, TP1", point(1, 64), step.step.median_s * 1e6);
+  share("a decode step, 64 x 32K fp8, TP8 rank", point(8, 64), step.step.median_s * 1e6);
+  const PrefillResult chunk = run_prefill({28672}, {4096}, true, 3);
+  share("a 4096-token prefill chunk at 32K, TP1", point(1, 4096),
+        (chunk.indexer.median_s + chunk.attention.median_s) * 1e6);
+}
+
+// Where a decode step's time goes (issue 16): the step graph replayed with every kernel's phase
+// clock set (src/cuda/common/phase_clock.hpp), 15 samples after warm-up. Per kernel, when its
+// first CTA starts and its last one ends (globaltimer, from the step's first CTA start); per CTA
+// of the attention and the scoring, the median time of each phase (clock64 at the boost clock).
+// The step's event time less the kernels' span is the graph launch and the gaps it leaves.
 // The headline keys the issue's floors are read from; a key whose grid point did not run (a
 // --quick-grid or filtered run) is left out. decode_worst_floor_ratio is the largest measured /
 // floor over the points that ran (decode_floor_points of them).
