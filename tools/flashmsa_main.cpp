@@ -141,6 +141,7 @@ RunOptions parse_run(const std::vector<std::string>& args) {
   int_option(app, "--seed", o.seed, 0, INT64_MAX);
   int_option(app, "--threads", o.threads, 0, 4096);
   app.add_option("--json", o.json_path);
+  app.add_flag("--fused-projection", o.fused_projection);
   app.allow_extras();                                             // reported below, by name
   std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 pops from the back
   try {
@@ -159,6 +160,11 @@ RunOptions parse_run(const std::vector<std::string>& args) {
   if (help) {
     std::fputs(kRunHelp, stdout);
     std::exit(0);
+  }
+  if (o.fused_projection && o.workload != Workload::kRandom) {
+    usage_error(
+        "--fused-projection takes --workload random (the needle and clustered workloads plant "
+        "their structure in q and k, which random projection weights would not keep)");
   }
   check_writable("--json", o.json_path);
   return o;

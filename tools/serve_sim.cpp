@@ -139,6 +139,71 @@ double row_bytes(DType d, std::int64_t dim) {
   return d == DType::kNvfp4 ? dim / 2.0 + dim / 16.0 : static_cast<double>(dim * elem_bytes(d));
 }
 
+constexpr std::int64_t kHidden = 6144;  // MiniMax-M3's hidden size
+
+// --fused-projection: the layer's packed FP8 projection, built from random bf16 weights of
+// variance 1 / hidden (so unit-variance hidden states give fused rows of about unit variance, as
+// the generated ones), on the run's device; and the hidden states of each step.
+class FusedProjection {
+ public:
+  FusedProjection(const RunOptions& o, const Config& config, bool on_gpu)
+      : rng_(o.seed ^ 0x9E3779B97F4A7C15ull) {
+    if (!o.fused_projection) return;
+    const float amplitude = std::sqrt(3.0f / kHidden);  // uniform with variance 1 / hidden
+    auto weight = [&](std::int64_t rows) { return random_bf16(rows * kHidden, amplitude); };
+    const std::vector<std::uint16_t> q = weight(kHq * kD), k = weight(kHkv * kD),
+                                     v = weight(kHkv * kD), iq = weight(kHidx * kDi),
+                                     ik = weight(kDi);
+    auto view = [](const std::vector<std::uint16_t>& w) {
+      return TensorView::contiguous(w.data(), DType::kBf16,
+                                    {static_cast<std::int64_t>(w.size()) / kHidden, kHidden});
+    };
+    packed_ =
+        pack_qkv_index_projection(config, 1, 0, {view(q), view(k), view(v), view(iq), view(ik)});
+    weight_ = TensorView::contiguous(packed_.weight.data(), DType::kFp8E4m3,
+                                     {packed_.out_features, kHidden});
+    scale_ = TensorView::contiguous(packed_.scale.data(), DType::kFp32, {packed_.out_features});
+    if (on_gpu) {
+      for (TensorView* t : {&weight_, &scale_}) {
+        const std::size_t bytes = static_cast<std::size_t>(t->numel() * dtype_bits(t->dtype) / 8);
+        void* d = cuda::device_malloc(bytes);
+        device_.push_back(d);
+        cuda::copy_host_to_device(d, t->data, bytes);
+        t->data = d;
+        t->device = Device::kCuda;
+      }
+    }
+  }
+  ~FusedProjection() {
+    for (void* p : device_) cuda::device_free(p);
+  }
+  FusedProjection(const FusedProjection&) = delete;
+  FusedProjection& operator=(const FusedProjection&) = delete;
+
+  ProjectionWeightView view() const { return {weight_, scale_}; }
+  // Unit-variance hidden states of `tokens` tokens.
+  std::vector<std::uint16_t> hidden_states(std::int64_t tokens) {
+    return random_bf16(tokens * kHidden, std::sqrt(3.0f));
+  }
+
+ private:
+  // Uniform values in [-amplitude, amplitude] as bf16 (a fast generator: these are many).
+  std::vector<std::uint16_t> random_bf16(std::int64_t n, float amplitude) {
+    std::vector<std::uint16_t> x(static_cast<std::size_t>(n));
+    std::uint64_t state = rng_();
+    for (auto& e : x) {
+      state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+      const float u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+      e = fmt::float_to_bf16((2.0f * u - 1.0f) * amplitude);
+    }
+    return x;
+  }
+  std::mt19937_64 rng_;
+  PackedProjection packed_;
+  TensorView weight_, scale_;
+  std::vector<void*> device_;
+};
+
 struct Fidelity {
   std::vector<double> recall, rel_error;
   std::int64_t needle_queries = 0, needle_hits = 0, rows = 0;
@@ -169,6 +234,12 @@ class Staging {
     t.data = allocate(bytes(t));
     t.device = Device::kCuda;
     outputs_.push_back({host, t.data, bytes(t)});
+    return t;
+  }
+  // A device tensor the run writes and reads but never copies back (CUDA only).
+  TensorView scratch(DType dtype, std::initializer_list<std::int64_t> shape) {
+    TensorView t = TensorView::contiguous(static_cast<void*>(nullptr), dtype, shape, Device::kCuda);
+    t.data = allocate(bytes(t));
     return t;
   }
   TensorView workspace(std::int64_t size) {
@@ -217,7 +288,8 @@ Report run_simulation(const RunOptions& o,
   config.set_index_cache_dtype(o.index_dtype);
   config.topk_order = o.topk_order;
   config.sparse_topk_blocks = o.topk;
-  config.check();
+  config.fuse_qkv_index_projection = o.fused_projection;
+  config.check();  // the fused path's rule: fp8 indexer, fp8 main cache
   Report rep;
   rep.config = config;
   const bool on_gpu = cuda_selected(o);
@@ -236,6 +308,7 @@ Report run_simulation(const RunOptions& o,
   Generator gen(o);
   const OpOptions op{.num_threads = o.threads};
   std::vector<std::uint16_t> zeros_w(kD, fmt::float_to_bf16(0.0f));
+  FusedProjection projection(o, config, on_gpu);
 
   const std::int64_t chunks = (o.context + o.chunk - 1) / o.chunk;
   // The progress bar advances by work, not by steps: a query costs its attention over
@@ -279,7 +352,7 @@ Report run_simulation(const RunOptions& o,
     const std::int64_t B = o.requests;
 
     std::vector<std::uint16_t> input(static_cast<std::size_t>(T * kWidth));
-    for (std::int64_t t = 0; t < T; ++t) {
+    for (std::int64_t t = 0; t < T && !o.fused_projection; ++t) {
       gen.row(st.request_of_row[t], st.positions[t], st.sampled[t], &input[t * kWidth]);
     }
     Staging dev(on_gpu);
@@ -287,7 +360,18 @@ Report run_simulation(const RunOptions& o,
     std::vector<std::uint8_t> iq(static_cast<std::size_t>(T * kHidx * kDi * 2));
     const DType iq_dtype = config.indexer_kv_dtype == "fp8" ? DType::kFp8E4m3 : DType::kBf16;
     ProducerInputs in;
-    in.qkv_index = dev.in(input.data(), DType::kBf16, {T, kWidth});
+    std::vector<std::uint16_t> hidden;
+    if (o.fused_projection) {
+      hidden = projection.hidden_states(T);
+      in.qkv_index = on_gpu ? dev.scratch(DType::kBf16, {T, kWidth})
+                            : TensorView::contiguous(input.data(), DType::kBf16, {T, kWidth});
+    } else {
+      in.qkv_index = dev.in(input.data(), DType::kBf16, {T, kWidth});
+    }
+    const TensorView hidden_view =
+        o.fused_projection ? dev.in(hidden.data(), DType::kBf16, {T, kHidden}) : TensorView{};
+    const TensorView projection_ws =
+        o.fused_projection ? dev.workspace(projection_workspace_bytes(T, kHidden)) : TensorView{};
     in.q_norm_weight = in.k_norm_weight = in.index_q_norm_weight = in.index_k_norm_weight =
         dev.in(zeros_w.data(), DType::kBf16, {kD});
     in.positions = dev.in(st.positions.data(), DType::kInt64, {T});
@@ -311,6 +395,12 @@ Report run_simulation(const RunOptions& o,
 
     PhaseTimes& times = decode ? rep.decode : rep.prefill;
     auto t0 = Clock::now();
+    if (o.fused_projection) {
+      project_qkv_index(projection.view(), hidden_view, in.qkv_index, projection_ws, op);
+      dev.finish_phase();
+      times.projection += since(t0);
+      t0 = Clock::now();
+    }
     produce_qkv_index(config, in, cm.kv_cache(), cm.index_cache(), {q_view, iq_view}, op);
     dev.finish_phase();
     times.producer += since(t0);
@@ -475,6 +565,13 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
                std::string(to_string(c.kv_cache_dtype)).c_str(),
                std::string(to_string(c.index_cache_dtype)).c_str(),
                std::string(to_string(c.topk_order)).c_str());
+  if (o.fused_projection) {
+    std::fprintf(f,
+                 "input     hidden states [T, %lld] through the fused FP8 projection (random "
+                 "weights): projection ms %.1f prefill, %.1f decode (in tokens/s below)\n",
+                 static_cast<long long>(kHidden), 1e3 * r.prefill.projection,
+                 1e3 * r.decode.projection);
+  }
   std::fprintf(f, "\n%-8s %10s %12s %12s %12s %12s %11s %11s\n", "phase", "tokens", "producer ms",
                "index ms", "attention ms", "tokens/s", "GFLOP/s", "GB/s");
   for (const bool decode : {false, true}) {
@@ -522,6 +619,7 @@ std::string report_json(const Report& r, const RunOptions& o) {
   auto number = [](double v) { return std::isfinite(v) ? Json(v) : Json(nullptr); };
   auto phase = [&](const PhaseTimes& t, std::int64_t tokens, double flops, double bytes) {
     return Json{{"tokens", tokens},
+                {"projection_s", number(t.projection)},
                 {"producer_s", number(t.producer)},
                 {"indexer_s", number(t.indexer)},
                 {"topk_s", 0},
@@ -544,6 +642,7 @@ std::string report_json(const Report& r, const RunOptions& o) {
       {"chunk", o.chunk},
       {"decode_steps", o.decode_steps},
       {"decode_query_len", 1 + o.spec_tokens},
+      {"fused_projection", o.fused_projection},
       {"num_attention_heads", 64},
       {"num_key_value_heads", 4},
       {"head_dim", 128},

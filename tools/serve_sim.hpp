@@ -32,11 +32,15 @@ struct RunOptions {
   int threads = 0;
   std::string json_path;
   bool quiet = false;
+  // Start every step from hidden states through the fused FP8 projection (random layer weights,
+  // M3's hidden 6144) instead of the workload's generated q / k / v rows.
+  bool fused_projection = false;
 };
 
 struct PhaseTimes {
-  double producer = 0, indexer = 0, attention = 0;  // seconds; top-k is fused into the indexer
-  double total() const { return producer + indexer + attention; }
+  // Seconds; top-k is fused into the indexer; projection only with --fused-projection.
+  double projection = 0, producer = 0, indexer = 0, attention = 0;
+  double total() const { return projection + producer + indexer + attention; }
 };
 
 struct Report {
