@@ -246,8 +246,8 @@ TEST(Projection, ViewEntryPointOnTheCpuEqualsTheCpuProjection) {
   std::vector<std::uint16_t> want(static_cast<std::size_t>(tokens * p.out_features), 0xFFFF);
   std::vector<std::uint16_t> got(want.size(), 0xA5A5);
   const auto xv = TensorView::contiguous(x.data(), DType::kBf16, {tokens, kHidden});
-  project_qkv_index_cpu(p, xv,
-                        TensorView::contiguous(want.data(), DType::kBf16, {tokens, p.out_features}));
+  project_qkv_index_cpu(
+      p, xv, TensorView::contiguous(want.data(), DType::kBf16, {tokens, p.out_features}));
   const ProjectionWeightView view{
       TensorView::contiguous(p.weight.data(), DType::kFp8E4m3, {p.out_features, kHidden}),
       TensorView::contiguous(p.scale.data(), DType::kFp32, {p.out_features})};
