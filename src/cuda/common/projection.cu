@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
-// Up to 64 tokens (decode) the GEMM is a weight stream: cuBLASLt's tiles left most SMs idle
-// there (1536 x 1 x 6144 ran on 11 CTAs in 29 us, 40x the weight's read time). This kernel gives
+// Up to 8 tokens (decode) the GEMM is a weight stream: cuBLASLt's tiles left most SMs idle there
+// (1536 x 1 x 6144 ran on 11 CTAs in 29 us, 14x the weight's read time). This kernel gives
 // each CTA 16 output channels and all tokens; its 8 warps split K and stream the weight rows once
 // (16-byte loads, kStreamUnroll 64-byte chunks in flight per thread) into mma.sync m16n8k32 E4M3
 // (exact products, fp32 sums); the warps' sums are added in a fixed order, then multiplied by the
@@ -93,7 +93,10 @@ __global__ void __launch_bounds__(kQuantThreads)
 // the fp32 sums. K order inside a 64-byte chunk is permuted, the same way for both operands: a
 // thread's 16-byte piece t of a weight row holds A's k = 4t..4t+3 (and 16 + 4t.. ) of two MMA
 // steps.
-constexpr int kStreamMaxTokens = 64;
+// (Measured on the H200: 16.6 us for a TP-8 rank at T = 1 against cuBLASLt's 29.4; 36.0 against
+// 39.3 for the whole layer. With more token tiles every CTA re-reads all tokens' codes from L2:
+// T = 64 took 87.6 us against cuBLASLt's 32.7, so only one tile of 8 tokens is used.)
+constexpr int kStreamMaxTokens = 8;
 constexpr int kStreamWarps = 8;
 
 template <int kNTiles>  // token tiles of 8
@@ -231,15 +234,7 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
       launch_kernel(kernel, grid, kStreamWarps * 32, 0, stream, w, ws_scale, codes, token_scales, o,
                     ni, ki, ti);
     };
-    if (tokens <= 8) {
-      run(project_stream_kernel<1>);
-    } else if (tokens <= 16) {
-      run(project_stream_kernel<2>);
-    } else if (tokens <= 32) {
-      run(project_stream_kernel<4>);
-    } else {
-      run(project_stream_kernel<8>);
-    }
+    run(project_stream_kernel<1>);
     return;
   }
 
