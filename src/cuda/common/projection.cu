@@ -1,7 +1,8 @@
 // The CUDA fused Q/K/V + index projection (include/flashmsa/projection.hpp): one kernel quantizes
-// each token of the bf16 hidden states to E4M3 with its own scale, then one cuBLASLt FP8 GEMM
-// multiplies them by the packed E4M3 weight with both scale vectors applied in its epilogue
-// (outer-vector scaling, sm_90 and later) and writes the bf16 fused rows the producer reads.
+// each token of the bf16 hidden states to E4M3 with its own scale, then the product with the
+// packed E4M3 weight, both scale vectors applied after the sums, writes the bf16 fused rows the
+// producer reads: for up to 8 tokens a weight-streaming mma.sync kernel, above one cuBLASLt FP8
+// GEMM (outer-vector scaling, sm_90 and later).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
