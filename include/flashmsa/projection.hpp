@@ -91,12 +91,13 @@ std::int64_t projection_workspace_bytes(std::int64_t max_tokens, std::int64_t hi
 
 // The projection on the tensors' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16
 // (the producer's qkv_index input), with the numerics of project_qkv_index_cpu. CUDA: one kernel
-// quantizes each token to E4M3 (its scale max |x| / 448), then a cuBLASLt FP8 GEMM with the
-// per-token and per-channel scales applied in its epilogue (outer-vector scaling; fp32
-// accumulation without fast accumulation) writes bf16; on options.stream, no host sync, CUDA-graph
-// capturable. `workspace` (uint8, 256-byte aligned, projection_workspace_bytes) is CUDA only; the
-// CPU backend ignores it. hidden % 16 == 0 and out_features % 8 == 0 on CUDA (FP8 GEMM operand
-// alignment), which every Config satisfies.
+// quantizes each token to E4M3 (its scale max |x| / 448), then the FP8 product with the
+// per-token and per-channel scales applied after the sums writes bf16: for up to 8 tokens a
+// weight-streaming kernel, above a cuBLASLt FP8 GEMM (outer-vector scaling, no fast
+// accumulation); on options.stream, no host sync, CUDA-graph capturable. `workspace` (uint8,
+// 256-byte aligned, projection_workspace_bytes) is CUDA only; the CPU backend ignores it. hidden %
+// 16 == 0 and out_features % 8 == 0 on CUDA (FP8 GEMM operand alignment), which every Config
+// satisfies.
 void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
                        const TensorView& out, const TensorView& workspace,
                        const OpOptions& options = {});

@@ -25,7 +25,7 @@ Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D
                 the fused FP8 projection's packed weight of one rank (E4M3 codes + per-channel
                 scales, channels in the producer's row order); project_qkv_index_cpu runs it
   project_qkv_index(weight, scale, hidden [T, hidden] bf16, out [T, out_features] bf16): the
-                projection on the arrays' device (CUDA: E4M3 quantization + cuBLASLt FP8 GEMM)
+                projection on the arrays' device (CUDA: E4M3 quantization + FP8 GEMM)
 help(flashmsa.<function>) gives each one's arguments.
 """
 

@@ -383,5 +383,5 @@ def projection_workspace_bytes(max_tokens: int, hidden: int) -> int:
 
 def project_qkv_index(weight: Annotated[NDArray, dict(writable=False)], scale: Annotated[NDArray, dict(writable=False)], hidden: Annotated[NDArray, dict(writable=False)], out: object, workspace: object | None = None, stream: int = 0) -> None:
     """
-    The fused projection on the arrays' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16 (the producer's qkv_index), with the packed weight (E4M3 codes as uint8 or fp8, [out_features, hidden]) and its float32 scale. CUDA: per-token E4M3 quantization + cuBLASLt FP8 GEMM on `stream`, with a uint8 workspace of projection_workspace_bytes(T, hidden) bytes; graph-capturable.
+    The fused projection on the arrays' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16 (the producer's qkv_index), with the packed weight (E4M3 codes as uint8 or fp8, [out_features, hidden]) and its float32 scale. CUDA: per-token E4M3 quantization + FP8 GEMM on `stream`, with a uint8 workspace of projection_workspace_bytes(T, hidden) bytes; graph-capturable.
     """

@@ -314,7 +314,7 @@ def project_qkv_index(hidden: torch.Tensor, weight: torch.Tensor,
     """The fused FP8 Q/K/V + index projection: hidden [T, hidden] bf16 -> [T, out_features] bf16
     (produce_qkv_index's qkv_index), with a packed weight (uint8 E4M3 codes [out_features,
     hidden] and float32 scale [out_features], from pack_qkv_index_projection, on the same
-    device). CUDA: per-token E4M3 quantization + cuBLASLt FP8 GEMM on the current stream."""
+    device). CUDA: per-token E4M3 quantization + FP8 GEMM on the current stream."""
     out = torch.empty((hidden.shape[0], weight.shape[0]), dtype=torch.bfloat16,
                       device=hidden.device)
     extra = _device_args(hidden, lambda: _C.projection_workspace_bytes(hidden.shape[0],

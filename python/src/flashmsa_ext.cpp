@@ -883,6 +883,6 @@ NB_MODULE(_flashmsa, m) {
       "The fused projection on the arrays' device: hidden [T, hidden] bf16 -> out [T, "
       "out_features] bf16 (the producer's qkv_index), with the packed weight (E4M3 codes as "
       "uint8 or fp8, [out_features, hidden]) and its float32 scale. CUDA: per-token E4M3 "
-      "quantization + cuBLASLt FP8 GEMM on `stream`, with a uint8 workspace of "
+      "quantization + FP8 GEMM on `stream`, with a uint8 workspace of "
       "projection_workspace_bytes(T, hidden) bytes; graph-capturable.");
 }
