@@ -100,14 +100,14 @@ __global__ void __launch_bounds__(kQuantThreads)
 constexpr int kStreamMaxTokens = 8;
 constexpr int kStreamWarps = 8;
 
-template <int kNTiles>  // token tiles of 8
 __global__ void __launch_bounds__(kStreamWarps * 32)
     project_stream_kernel(const std::uint8_t* __restrict__ weight,
                           const float* __restrict__ weight_scale,
                           const std::uint8_t* __restrict__ codes,
                           const float* __restrict__ token_scale, __nv_bfloat16* __restrict__ out,
                           int n, int k, int tokens) {
-  constexpr int kUnroll = kNTiles <= 2 ? 4 : 2;  // chunks per thread in flight
+  constexpr int kNTiles = 1;  // tiles of 8 tokens (kStreamMaxTokens)
+  constexpr int kUnroll = 4;  // chunks per thread in flight
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g = lane / 4, t = lane % 4;
   const int row0 = blockIdx.x * 16;
@@ -231,11 +231,8 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
     auto* o = static_cast<__nv_bfloat16*>(out.data);
     const dim3 grid(static_cast<unsigned>(ceil_div(n, 16)));
     const int ni = static_cast<int>(n), ki = static_cast<int>(k), ti = static_cast<int>(tokens);
-    auto run = [&](auto kernel) {
-      launch_kernel(kernel, grid, kStreamWarps * 32, 0, stream, w, ws_scale, codes, token_scales, o,
-                    ni, ki, ti);
-    };
-    run(project_stream_kernel<1>);
+    launch_kernel(project_stream_kernel, grid, kStreamWarps * 32, 0, stream, w, ws_scale, codes,
+                  token_scales, o, ni, ki, ti);
     return;
   }
 

@@ -1,15 +1,17 @@
-// The warp-level pieces of the two products the sm90 kernels compute with mma.sync m16n8k16 (16-bit
-// operands, fp32 accumulators), on 128-dim tiles in the swizzled shared-memory layout of
-// device_utils.cuh:
-//   S = Q K^T   load_a_fragment (16 query rows x 16 dims) and qk_step (one 16-dim step against
+// The warp-level pieces of the two products the sm90 kernels compute with mma.sync (fp32
+// accumulators), on 128-dim tiles in the swizzled shared-memory layouts of device_utils.cuh:
+//   S = Q K^T   load_a_fragment (16 query rows x one k step) and qk_step (one k step against
 //               8-key columns of a K tile; the index scoring and the attention both use it)
 //   O += P V    pv_step (16 rows x 16 keys of P, from S's accumulators, against a V tile read
 //               transposed, over all 128 dims)
-// and S = Q K^T with both operands E4M3 (mma.sync m16n8k32, tiles of 128-byte rows):
-//               load_a_fragment_e4m3 and qk_step_e4m3, 32 dims per step.
+// The operand type Elem sets the tile and the step: __half / __nv_bfloat16 tiles of 256-byte rows,
+// m16n8k16, 16 dims per step; __nv_fp8_e4m3 tiles of 128-byte rows (load_raw_plane's fp8 layout),
+// m16n8k32, 32 dims per step (ldmatrix's 8 x 16-byte matrices are exactly its fragment quarters).
 // Accumulator layout (PTX m16n8 C fragment): lane holds rows lane / 4 and lane / 4 + 8, columns
 // 2 (lane % 4) + {0, 1}; d[0], d[1] the first row, d[2], d[3] the second.
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -19,26 +21,42 @@
 
 namespace flashmsa::cuda {
 
-// D += A B with the 16-bit type Elem (__half or __nv_bfloat16).
+template <class Elem>
+inline constexpr bool kIsE4m3 = std::is_same_v<Elem, __nv_fp8_e4m3>;
+
+// Dims of one k step of S = Q K^T for the operand type Elem.
+template <class Elem>
+inline constexpr int kStepDims = kIsE4m3<Elem> ? 32 : 16;
+
+// Chunk `chunk` (16 bytes) of row `row` of an Elem tile.
+template <class Elem>
+__device__ __forceinline__ int tile_chunk(int row, int chunk) {
+  return kIsE4m3<Elem> ? swizzled_byte_chunk(row, chunk) : swizzled_chunk(row, chunk);
+}
+
+// D += A B with operands of type Elem.
 template <class Elem>
 __device__ __forceinline__ void mma(float (&d)[4], const std::uint32_t (&a)[4], std::uint32_t b0,
                                     std::uint32_t b1) {
-  if constexpr (std::is_same_v<Elem, __half>) {
+  if constexpr (kIsE4m3<Elem>) {
+    mma_e4m3_16832(d, a, b0, b1);
+  } else if constexpr (std::is_same_v<Elem, __half>) {
     mma_fp16_16816(d, a, b0, b1);
   } else {
     mma_bf16_16816(d, a, b0, b1);
   }
 }
 
-// The A fragment of rows [row0, row0 + 16), dims [16 ks, 16 ks + 16) of a swizzled tile.
+// The A fragment of rows [row0, row0 + 16), k step ks of a swizzled Elem tile.
+template <class Elem = __nv_bfloat16>
 __device__ __forceinline__ void load_a_fragment(std::uint32_t (&a)[4], const std::byte* tile,
                                                 int row0, int ks, int lane) {
-  ldmatrix_x4(a, tile + swizzled_chunk(row0 + lane % 16, 2 * ks + lane / 16) * 16);
+  ldmatrix_x4(a, tile + tile_chunk<Elem>(row0 + lane % 16, 2 * ks + lane / 16) * 16);
 }
 
-// One 16-dim step (dims [16 ks, 16 ks + 16)) of S = Q K^T for kMT row tiles and kNT columns of 8
-// keys from key0: acc[m][n] += a[m] . K[key0 + 8 n .. + 8]^T. Each K fragment is loaded once and
-// used by every row tile.
+// One k step (dims [kStepDims ks, kStepDims (ks + 1))) of S = Q K^T for kMT row tiles and kNT
+// columns of 8 keys from key0: acc[m][n] += a[m] . K[key0 + 8 n .. + 8]^T. Each K fragment is
+// loaded once and used by every row tile.
 template <class Elem, int kMT, int kNT>
 __device__ __forceinline__ void qk_step(float (&acc)[kMT][kNT][4], const std::uint32_t (&a)[kMT][4],
                                         const std::byte* k_tile, int key0, int ks, int lane) {
@@ -47,38 +65,11 @@ __device__ __forceinline__ void qk_step(float (&acc)[kMT][kNT][4], const std::ui
   for (int np = 0; np < kNT / 2; ++np) {
     std::uint32_t b[4];
     const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-    ldmatrix_x4(b, k_tile + swizzled_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+    ldmatrix_x4(b, k_tile + tile_chunk<Elem>(key, 2 * ks + ((lane >> 3) & 1)) * 16);
 #pragma unroll
     for (int mt = 0; mt < kMT; ++mt) {
       mma<Elem>(acc[mt][2 * np], a[mt], b[0], b[1]);
       mma<Elem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
-    }
-  }
-}
-
-// The E4M3 A fragment of rows [row0, row0 + 16), dims [32 ks, 32 ks + 32) of a swizzled tile of
-// 128-byte rows: ldmatrix's 8 x 16-byte matrices are exactly the m16n8k32 fragment quarters.
-__device__ __forceinline__ void load_a_fragment_e4m3(std::uint32_t (&a)[4], const std::byte* tile,
-                                                     int row0, int ks, int lane) {
-  ldmatrix_x4(a, tile + swizzled_byte_chunk(row0 + lane % 16, 2 * ks + lane / 16) * 16);
-}
-
-// qk_step for E4M3 queries and keys: one 32-dim step (dims [32 ks, 32 ks + 32)) against a K tile
-// of 128-byte rows (load_raw_plane's fp8 layout), no widening.
-template <int kMT, int kNT>
-__device__ __forceinline__ void qk_step_e4m3(float (&acc)[kMT][kNT][4],
-                                             const std::uint32_t (&a)[kMT][4],
-                                             const std::byte* k_tile, int key0, int ks, int lane) {
-  static_assert(kNT % 2 == 0, "keys are loaded 16 at a time");
-#pragma unroll
-  for (int np = 0; np < kNT / 2; ++np) {
-    std::uint32_t b[4];
-    const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-    ldmatrix_x4(b, k_tile + swizzled_byte_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
-#pragma unroll
-    for (int mt = 0; mt < kMT; ++mt) {
-      mma_e4m3_16832(acc[mt][2 * np], a[mt], b[0], b[1]);
-      mma_e4m3_16832(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
     }
   }
 }

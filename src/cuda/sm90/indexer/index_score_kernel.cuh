@@ -132,30 +132,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     if (page_ok) {
-      if constexpr (kFp8Mma) {
-        // Not unrolled: one step is already kMTiles x kNTiles MMAs, and unrolling made the
-        // prefill tile spill.
-#pragma unroll 1
-        for (int ks = 0; ks < 4; ++ks) {  // 32 dims per step
-          std::uint32_t a[Traits::kMTiles][4];
+      using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
+      // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
+      // made the prefill tile spill.
+#pragma unroll(kFp8Mma ? 1 : 8)
+      for (int ks = 0; ks < 128 / kStepDims<MmaElem>; ++ks) {
+        std::uint32_t a[Traits::kMTiles][4];
 #pragma unroll
-          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-            load_a_fragment_e4m3(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
-          }
-          qk_step_e4m3<Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile, warp_n * Traits::kWarpCols,
-                                                         ks, lane);
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+          load_a_fragment<MmaElem>(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
         }
-      } else {
-#pragma unroll
-        for (int ks = 0; ks < 8; ++ks) {  // 16 dims per step
-          std::uint32_t a[Traits::kMTiles][4];
-#pragma unroll
-          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-            load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
-          }
-          qk_step<__nv_bfloat16, Traits::kMTiles, Traits::kNTiles>(
-              acc, a, k_tile, warp_n * Traits::kWarpCols, ks, lane);
-        }
+        qk_step<MmaElem, Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile,
+                                                           warp_n * Traits::kWarpCols, ks, lane);
       }
     }
 
