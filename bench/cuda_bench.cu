@@ -1037,9 +1037,10 @@ struct ProjectionPoint {
 std::vector<ProjectionPoint> g_projection_points;
 double g_projection_weight_bound_tp1_us = 0;
 
-// project_qkv_index (quantization kernel + cuBLASLt FP8 GEMM with per-token and per-channel
-// scales) at M3's hidden 6144, for the whole layer (TP 1: 9856 output channels) and one rank of
-// TP 8 (1536), graph replay; weight copies rotated so the weights stream from HBM as in serving.
+// project_qkv_index (up to 8 tokens one weight-streaming kernel, above a quantization kernel and
+// a cuBLASLt FP8 GEMM with per-token and per-channel scales) at M3's hidden 6144, for the whole
+// layer (TP 1: 9856 output channels) and one rank of TP 8 (1536), graph replay; weight copies
+// rotated so the weights stream from HBM as in serving.
 void projection() {
   constexpr std::int64_t kHidden = 6144;
   for (const int tp : {1, 8}) {

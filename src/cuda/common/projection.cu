@@ -1,12 +1,14 @@
-// The CUDA fused Q/K/V + index projection (include/flashmsa/projection.hpp): one kernel quantizes
-// each token of the bf16 hidden states to E4M3 with its own scale, then the product with the
-// packed E4M3 weight, both scale vectors applied after the sums, writes the bf16 fused rows the
-// producer reads: for up to 8 tokens a weight-streaming mma.sync kernel, above one cuBLASLt FP8
-// GEMM (outer-vector scaling, sm_90 and later).
+// The CUDA fused Q/K/V + index projection (include/flashmsa/projection.hpp): each token of the
+// bf16 hidden states is quantized to E4M3 with its own scale, then the product with the packed
+// E4M3 weight, both scale vectors applied after the sums, writes the bf16 fused rows the producer
+// reads. Up to 8 tokens one weight-streaming kernel does all of it; above, a quantization kernel
+// and one cuBLASLt FP8 GEMM (outer-vector scaling, sm_90 and later).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -14,6 +16,7 @@
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
+#include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/projection_workspace.hpp"
 
 namespace flashmsa::cuda {
@@ -23,10 +26,43 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr float kE4m3Max = 448.0f;
 
-// One CTA per token: scale = max |x| / 448 (1 for an all-zero token, NaN with the codes zero for
-// a token holding a NaN or infinity, so that its outputs are NaN, as on the CPU), then codes =
-// e4m3_satfinite(x / scale), rounded to nearest even: the CPU's quantize_row bit for bit. The
-// row is read twice; the second read comes from L1 / L2.
+// ---- Per-token E4M3 quantization (the CPU's quantize_row bit for bit) ------------------------
+// scale = max |x| / 448 (1 for an all-zero token, NaN with the codes zero for a token holding a
+// NaN or infinity, so that its outputs are NaN, as on the CPU), codes = e4m3_satfinite(x /
+// scale), rounded to nearest even. Both paths quantize with these three pieces.
+
+// Folds 8 bf16 values into a token's running max |x| and finiteness.
+__device__ __forceinline__ void scan_piece(const uint4& raw, float& amax, bool& finite) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(pairs[j]);
+    finite = finite && isfinite(f.x) && isfinite(f.y);
+    amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+  }
+}
+
+__device__ __forceinline__ float token_scale(float amax, bool finite) {
+  return !finite ? __int_as_float(0x7fc00000) : amax > 0.0f ? amax / kE4m3Max : 1.0f;
+}
+
+// The E4M3 codes of 8 bf16 values, the first value in the lowest byte.
+__device__ __forceinline__ uint2 e4m3_codes(const uint4& raw, float scale, bool finite) {
+  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  std::uint32_t word[2];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const float2 f = __bfloat1622float2(pairs[j]);
+    const std::uint32_t two = finite
+                                  ? __nv_cvt_float2_to_fp8x2(make_float2(f.x / scale, f.y / scale),
+                                                             __NV_SATFINITE, __NV_E4M3)
+                                  : 0u;
+    word[j / 2] = j % 2 == 0 ? two : word[j / 2] | (two << 16);
+  }
+  return make_uint2(word[0], word[1]);
+}
+
+// One CTA per token (the GEMM path). The row is read twice; the second read comes from L1 / L2.
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_tokens_kernel(const __nv_bfloat16* __restrict__ hidden, std::int64_t width,
                            std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
@@ -35,16 +71,8 @@ __global__ void __launch_bounds__(kQuantThreads)
   const std::int64_t pieces = width / 8;  // 8 values per 16-byte piece
   float amax = 0.0f;
   bool finite = true;
-  for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
-    const uint4 raw = row[i];
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(pairs[j]);
-      finite = finite && isfinite(f.x) && isfinite(f.y);
-      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-    }
-  }
+  for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads)
+    scan_piece(row[i], amax, finite);
   __shared__ float warp_amax[kQuantThreads / 32];
   __shared__ int warp_finite[kQuantThreads / 32];
 #pragma unroll
@@ -64,111 +92,182 @@ __global__ void __launch_bounds__(kQuantThreads)
     amax = fmaxf(amax, warp_amax[w]);
     finite = finite && warp_finite[w];
   }
-  const float scale = !finite ? __int_as_float(0x7fc00000) : amax > 0.0f ? amax / kE4m3Max : 1.0f;
+  const float scale = token_scale(amax, finite);
   if (threadIdx.x == 0) scales[token] = scale;
-
   auto* out = reinterpret_cast<uint2*>(codes + token * width);
   for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
-    const uint4 raw = row[i];
-    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-    std::uint32_t word[2];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float2 f = __bfloat1622float2(pairs[j]);
-      const std::uint32_t two =
-          finite ? __nv_cvt_float2_to_fp8x2(make_float2(f.x / scale, f.y / scale), __NV_SATFINITE,
-                                            __NV_E4M3)
-                 : 0u;
-      word[j / 2] = j % 2 == 0 ? two : word[j / 2] | (two << 16);
-    }
-    out[i] = make_uint2(word[0], word[1]);
+    out[i] = e4m3_codes(row[i], scale, finite);
   }
 }
 
-// Up to 8 tokens (decode) the GEMM is a weight stream: cuBLASLt's tiles left most SMs idle there
-// (1536 x 1 x 6144 ran on 11 CTAs in 29 us, 14x the weight's read time). This kernel gives
-// each CTA 16 output channels and all tokens; its 8 warps split K and stream the weight rows once
-// (16-byte loads, kStreamUnroll 64-byte chunks in flight per thread) into mma.sync m16n8k32 E4M3
-// (exact products, fp32 sums); the warps' sums are added in a fixed order, then multiplied by the
-// channel's and the token's scales and rounded to bf16: cuBLASLt's computation up to the order of
-// the fp32 sums. K order inside a 64-byte chunk is permuted, the same way for both operands: a
-// thread's 16-byte piece t of a weight row holds A's k = 4t..4t+3 (and 16 + 4t.. ) of two MMA
-// steps.
-// (Measured on the H200: 16.6 us for a TP-8 rank at T = 1 against cuBLASLt's 29.4; 36.0 against
-// 39.3 for the whole layer. With more token tiles every CTA re-reads all tokens' codes from L2:
-// T = 64 took 87.6 us against cuBLASLt's 32.7, so only one tile of 8 tokens is used.)
-constexpr int kStreamMaxTokens = 8;
+// ---- Up to 8 tokens (decode): one kernel, quantization fused, the weight streamed by the TMA --
+// There the GEMM is a weight stream: cuBLASLt's tiles left most SMs idle (1536 x 1 x 6144 ran on
+// 11 CTAs in 29 us, 14x the weight's read time), and a separate quantization launch costs more
+// than the stream. Each CTA owns 16 output channels (the MMA's M) and all tokens:
+//   1. lanes 0..15 of warp 0 issue one bulk copy per (weight row, K quarter) into shared memory,
+//      each quarter completing on its own mbarrier: the CTA's whole 16 x K slice is in flight at
+//      once (96 KB at K 6144), the compute on quarter 0 starts while the rest streams;
+//   2. meanwhile the CTA quantizes the tokens itself (every CTA the same codes; CTA 0 also writes
+//      them and the scales to the workspace, which the GEMM path fills too);
+//   3. its 8 warps split each quarter's 64-byte chunks: mma.sync m16n8k32 E4M3 (exact products,
+//      fp32 sums), the warps' sums added in a fixed order, then multiplied by the channel's and
+//      the token's scales and rounded to bf16: cuBLASLt's computation up to the order of the
+//      fp32 sums.
+// K order inside a 64-byte chunk is permuted, the same way for both operands: a thread's 16-byte
+// piece t of a weight row holds A's k = 4t..4t+3 and 16 + 4t..16 + 4t + 3 of two MMA steps.
+// Shared-memory rows are K + 64 bytes apart, so the two rows one LDS.128 phase reads fall in
+// different banks.
+constexpr int kStreamMaxTokens = 8;  // the MMA's N
 constexpr int kStreamWarps = 8;
+constexpr int kStreamThreads = kStreamWarps * 32;
+constexpr int kStreamRows = 16;  // output channels per CTA
+constexpr int kStreamQuarters = 4;
+constexpr int kStreamRowPad = 64;
+constexpr int kMaxSmemPerCta = 227 * 1024;  // sm_90's opt-in limit
 
-__global__ void __launch_bounds__(kStreamWarps * 32)
+constexpr std::int64_t stream_row_stride(std::int64_t k) {
+  return k + kStreamRowPad;
+}
+// Dynamic shared memory: the weight slice, the token codes, the barriers, the per-warp token
+// maxima and the token scales.
+constexpr std::int64_t stream_smem_bytes(std::int64_t tokens, std::int64_t k) {
+  return (kStreamRows + tokens) * stream_row_stride(k) + kStreamQuarters * 8 +
+         (2 * kStreamWarps + 1) * kStreamMaxTokens * 4;
+}
+// K in whole 64-byte chunks per quarter.
+constexpr bool stream_path(std::int64_t tokens, std::int64_t k) {
+  return tokens <= kStreamMaxTokens && k % (64 * kStreamQuarters) == 0 &&
+         stream_smem_bytes(tokens, k) <= kMaxSmemPerCta;
+}
+
+__global__ void __launch_bounds__(kStreamThreads)
     project_stream_kernel(const std::uint8_t* __restrict__ weight,
                           const float* __restrict__ weight_scale,
-                          const std::uint8_t* __restrict__ codes,
-                          const float* __restrict__ token_scale, __nv_bfloat16* __restrict__ out,
-                          int n, int k, int tokens) {
-  constexpr int kNTiles = 1;  // tiles of 8 tokens (kStreamMaxTokens)
-  constexpr int kUnroll = 4;  // chunks per thread in flight
+                          const __nv_bfloat16* __restrict__ hidden,
+                          std::uint8_t* __restrict__ codes_out, float* __restrict__ scales_out,
+                          __nv_bfloat16* __restrict__ out, int n, int k, int tokens) {
+  extern __shared__ __align__(128) std::byte smem[];
+  const int stride = static_cast<int>(stream_row_stride(k));
+  auto* w_tile = reinterpret_cast<std::uint8_t*>(smem);
+  auto* x_tile = w_tile + kStreamRows * stride;
+  auto* quarter_full = reinterpret_cast<std::uint64_t*>(x_tile + tokens * stride);
+  auto* warp_amax = reinterpret_cast<float*>(quarter_full + kStreamQuarters);
+  auto* warp_finite = reinterpret_cast<int*>(warp_amax + kStreamWarps * kStreamMaxTokens);
+  auto* scale_of = reinterpret_cast<float*>(warp_finite + kStreamWarps * kStreamMaxTokens);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int g = lane / 4, t = lane % 4;
-  const int row0 = blockIdx.x * 16;
-  // Rows past n read row n - 1 (never stored): every load stays in the weight.
-  const auto* wa = reinterpret_cast<const uint4*>(weight + std::int64_t{min(row0 + g, n - 1)} * k);
-  const auto* wb =
-      reinterpret_cast<const uint4*>(weight + std::int64_t{min(row0 + g + 8, n - 1)} * k);
-  float acc[kNTiles][4] = {};
-  const int chunks = k / 64;
-  for (int c0 = warp * kUnroll; c0 < chunks; c0 += kStreamWarps * kUnroll) {
-    uint4 a_lo[kUnroll], a_hi[kUnroll];
-    uint2 b[kUnroll][kNTiles][2];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int c = c0 + u;
-      const bool live = c < chunks;
-      a_lo[u] = live ? __ldg(wa + c * 4 + t) : make_uint4(0, 0, 0, 0);
-      a_hi[u] = live ? __ldg(wb + c * 4 + t) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int nt = 0; nt < kNTiles; ++nt) {
-        const int token = nt * 8 + g;
-        const auto* src =
-            reinterpret_cast<const uint2*>(codes + std::int64_t{token} * k + c * 64 + 16 * t);
-#pragma unroll
-        for (int step = 0; step < 2; ++step) {
-          b[u][nt][step] = live && token < tokens ? __ldg(src + step) : make_uint2(0, 0);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-#pragma unroll
-      for (int step = 0; step < 2; ++step) {
-        const std::uint32_t lo[4] = {a_lo[u].x, a_lo[u].y, a_lo[u].z, a_lo[u].w};
-        const std::uint32_t hi[4] = {a_hi[u].x, a_hi[u].y, a_hi[u].z, a_hi[u].w};
-        const std::uint32_t a[4] = {lo[2 * step], hi[2 * step], lo[2 * step + 1], hi[2 * step + 1]};
-#pragma unroll
-        for (int nt = 0; nt < kNTiles; ++nt) {
-          mma_e4m3_16832(acc[nt], a, b[u][nt][step].x, b[u][nt][step].y);
-        }
-      }
-    }
-  }
-  // The warps' sums, added in warp order; then scales and the store (16 channels of a token are
-  // 32 contiguous bytes).
-  __shared__ float partial[kStreamWarps][kNTiles][16][8];
-#pragma unroll
-  for (int nt = 0; nt < kNTiles; ++nt) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) partial[warp][nt][g + 8 * (j / 2)][2 * t + j % 2] = acc[nt][j];
+  const int row0 = blockIdx.x * kStreamRows;
+  const int quarter_bytes = k / kStreamQuarters;
+
+  // 1. The weight slice. Rows past n copy row n - 1 (never stored).
+  if (threadIdx.x == 0) {
+    for (int q = 0; q < kStreamQuarters; ++q) mbarrier_init(&quarter_full[q], 1);
+    fence_mbarrier_init();
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < kNTiles * 128; i += kStreamWarps * 32) {
-    const int r = i % 16, col = (i / 16) % 8, nt = i / 128;
-    const int row = row0 + r, token = nt * 8 + col;
+  if (warp == 0) {
+    if (lane == 0) {
+      for (int q = 0; q < kStreamQuarters; ++q) {
+        mbarrier_arrive_expect_tx(&quarter_full[q], kStreamRows * quarter_bytes);
+      }
+    }
+    __syncwarp();
+    if (lane < kStreamRows) {
+      const std::uint8_t* src = weight + std::int64_t{min(row0 + lane, n - 1)} * k;
+      for (int q = 0; q < kStreamQuarters; ++q) {
+        bulk_copy_to_shared(w_tile + lane * stride + q * quarter_bytes, src + q * quarter_bytes,
+                            quarter_bytes, &quarter_full[q]);
+      }
+    }
+  }
+
+  // 2. The tokens' codes, into shared memory (and the workspace, by CTA 0).
+  const int pieces = k / 8;
+  for (int tok = 0; tok < tokens; ++tok) {
+    const auto* row = reinterpret_cast<const uint4*>(hidden + std::int64_t{tok} * k);
+    float amax = 0.0f;
+    bool finite = true;
+    for (int i = threadIdx.x; i < pieces; i += kStreamThreads) {
+      scan_piece(__ldg(row + i), amax, finite);
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset /= 2) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
+    }
+    finite = __all_sync(0xffffffffu, finite);
+    if (lane == 0) {
+      warp_amax[warp * kStreamMaxTokens + tok] = amax;
+      warp_finite[warp * kStreamMaxTokens + tok] = finite;
+    }
+  }
+  __syncthreads();
+  for (int tok = 0; tok < tokens; ++tok) {
+    float amax = 0.0f;
+    bool finite = true;
+#pragma unroll
+    for (int w = 0; w < kStreamWarps; ++w) {
+      amax = fmaxf(amax, warp_amax[w * kStreamMaxTokens + tok]);
+      finite = finite && warp_finite[w * kStreamMaxTokens + tok];
+    }
+    const float scale = token_scale(amax, finite);
+    if (threadIdx.x == 0) {
+      scale_of[tok] = scale;
+      if (blockIdx.x == 0) scales_out[tok] = scale;
+    }
+    const auto* row = reinterpret_cast<const uint4*>(hidden + std::int64_t{tok} * k);
+    for (int i = threadIdx.x; i < pieces; i += kStreamThreads) {
+      const uint2 c = e4m3_codes(__ldg(row + i), scale, finite);
+      *reinterpret_cast<uint2*>(x_tile + tok * stride + 8 * i) = c;
+      if (blockIdx.x == 0) {
+        *reinterpret_cast<uint2*>(codes_out + std::int64_t{tok} * k + 8 * i) = c;
+      }
+    }
+  }
+  __syncthreads();
+
+  // 3. The product, quarter by quarter as the copies land.
+  const int g = lane / 4, t = lane % 4;
+  const std::uint8_t* a_lo = w_tile + g * stride + 16 * t;
+  const std::uint8_t* a_hi = a_lo + 8 * stride;
+  const std::uint8_t* b_row = x_tile + g * stride + 16 * t;
+  const bool live_token = g < tokens;
+  float acc[4] = {};
+  const int quarter_chunks = quarter_bytes / 64;
+#pragma unroll
+  for (int q = 0; q < kStreamQuarters; ++q) {
+    mbarrier_wait(&quarter_full[q], 0);
+#pragma unroll 3
+    for (int c = q * quarter_chunks + warp; c < (q + 1) * quarter_chunks; c += kStreamWarps) {
+      const uint4 lo = *reinterpret_cast<const uint4*>(a_lo + c * 64);
+      const uint4 hi = *reinterpret_cast<const uint4*>(a_hi + c * 64);
+      const uint4 b =
+          live_token ? *reinterpret_cast<const uint4*>(b_row + c * 64) : make_uint4(0, 0, 0, 0);
+      const std::uint32_t step0[4] = {lo.x, hi.x, lo.y, hi.y};
+      const std::uint32_t step1[4] = {lo.z, hi.z, lo.w, hi.w};
+      mma_e4m3_16832(acc, step0, b.x, b.y);
+      mma_e4m3_16832(acc, step1, b.z, b.w);
+    }
+  }
+
+  // The warps' sums, added in warp order (in the weight slice's first 4 KB, now read by all);
+  // then the scales and the store (16 channels of a token are 32 contiguous bytes).
+  __syncthreads();
+  auto* partial = reinterpret_cast<float*>(smem);  // [warp][16 channels][8 tokens]
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    partial[(warp * kStreamRows + g + 8 * (j / 2)) * kStreamMaxTokens + 2 * t + j % 2] = acc[j];
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kStreamRows * kStreamMaxTokens; i += kStreamThreads) {
+    const int r = i % kStreamRows, token = i / kStreamRows;
+    const int row = row0 + r;
     if (row >= n || token >= tokens) continue;
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kStreamWarps; ++w) sum += partial[w][nt][r][col];
+    for (int w = 0; w < kStreamWarps; ++w) {
+      sum += partial[(w * kStreamRows + r) * kStreamMaxTokens + token];
+    }
     out[std::int64_t{token} * n + row] =
-        __float2bfloat16_rn(sum * weight_scale[row] * token_scale[token]);
+        __float2bfloat16_rn(sum * weight_scale[row] * scale_of[token]);
   }
 }
 
@@ -207,6 +306,54 @@ struct Preference {
   ~Preference() { cublasLtMatmulPreferenceDestroy(pref); }
 };
 
+constexpr float kOne = 1.0f, kZero = 0.0f;  // alpha, beta
+
+// cuBLASLt's first heuristic choice is not always its fastest kernel for these shapes: the first
+// call per shape times this many of its candidates and keeps the fastest.
+constexpr int kAlgoCandidates = 8;
+
+// Whether work on `stream` is being captured into a graph (then nothing may be timed or
+// synchronised). A stream that cannot be asked counts as capturing.
+bool stream_is_capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it for the launch checks that follow
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// The index of the fastest of `count` candidates, run(i) launching candidate i on `stream`
+// (a failing candidate is never chosen; candidate 0 if all fail). One warm-up run, then the
+// median of 3 timed runs each; synchronises the stream.
+template <class Run>
+int fastest_algo(int count, Run&& run, cudaStream_t stream) {
+  cudaEvent_t marks[4];
+  for (auto& e : marks) FLASHMSA_CHECK_CUDA(cudaEventCreate(&e));
+  int best = 0;
+  float best_ms = INFINITY;
+  for (int i = 0; i < count; ++i) {
+    if (run(i) != CUBLAS_STATUS_SUCCESS) continue;
+    float ms[3];
+    bool ok = cudaEventRecord(marks[0], stream) == cudaSuccess;
+    for (int r = 0; r < 3 && ok; ++r) {
+      ok = run(i) == CUBLAS_STATUS_SUCCESS && cudaEventRecord(marks[r + 1], stream) == cudaSuccess;
+    }
+    FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+    if (!ok) continue;
+    for (int r = 0; r < 3; ++r) {
+      FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms[r], marks[r], marks[r + 1]));
+    }
+    std::sort(ms, ms + 3);
+    if (ms[1] < best_ms) {
+      best_ms = ms[1];
+      best = i;
+    }
+  }
+  for (auto& e : marks) cudaEventDestroy(e);
+  return best;
+}
+
 }  // namespace
 
 void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
@@ -222,19 +369,19 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   auto* codes = reinterpret_cast<std::uint8_t*>(ws + l.codes);
   auto* token_scales = reinterpret_cast<float*>(ws + l.scales);
-  launch_kernel(quantize_tokens_kernel, dim3(static_cast<unsigned>(tokens)), kQuantThreads, 0,
-                stream, static_cast<const __nv_bfloat16*>(hidden.data), k, codes, token_scales);
-
-  if (tokens <= kStreamMaxTokens && k % 64 == 0) {
-    const auto* w = static_cast<const std::uint8_t*>(weights.weight.data);
-    const auto* ws_scale = static_cast<const float*>(weights.scale.data);
-    auto* o = static_cast<__nv_bfloat16*>(out.data);
-    const dim3 grid(static_cast<unsigned>(ceil_div(n, 16)));
-    const int ni = static_cast<int>(n), ki = static_cast<int>(k), ti = static_cast<int>(tokens);
-    launch_kernel(project_stream_kernel, grid, kStreamWarps * 32, 0, stream, w, ws_scale, codes,
-                  token_scales, o, ni, ki, ti);
+  if (stream_path(tokens, k)) {
+    const int smem = static_cast<int>(stream_smem_bytes(tokens, k));
+    launch_kernel(project_stream_kernel, dim3(static_cast<unsigned>(ceil_div(n, kStreamRows))),
+                  kStreamThreads, smem, stream,
+                  static_cast<const std::uint8_t*>(weights.weight.data),
+                  static_cast<const float*>(weights.scale.data),
+                  static_cast<const __nv_bfloat16*>(hidden.data), codes, token_scales,
+                  static_cast<__nv_bfloat16*>(out.data), static_cast<int>(n), static_cast<int>(k),
+                  static_cast<int>(tokens));
     return;
   }
+  launch_kernel(quantize_tokens_kernel, dim3(static_cast<unsigned>(tokens)), kQuantThreads, 0,
+                stream, static_cast<const __nv_bfloat16*>(hidden.data), k, codes, token_scales);
 
   // Column-major view for cuBLASLt: D[n, T] = op(A) B with A the weight (K x n, K-major, so
   // transposed) and B the codes (K x T): D is the row-major [T, n] output. Scale A per row of
@@ -277,10 +424,11 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
     const std::uint64_t limit = detail::kProjectionGemmWorkspaceBytes;
     FLASHMSA_CHECK_CUBLAS(cublasLtMatmulPreferenceSetAttribute(
         pref.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &limit, sizeof(limit)));
-    cublasLtMatmulHeuristicResult_t result{};
+    cublasLtMatmulHeuristicResult_t results[kAlgoCandidates]{};
     int count = 0;
-    FLASHMSA_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(
-        handle, op.desc, a.layout, b.layout, d.layout, d.layout, pref.pref, 1, &result, &count));
+    FLASHMSA_CHECK_CUBLAS(cublasLtMatmulAlgoGetHeuristic(handle, op.desc, a.layout, b.layout,
+                                                         d.layout, d.layout, pref.pref,
+                                                         kAlgoCandidates, results, &count));
     if (count == 0) {
       throw Error(ErrorKind::kUnsupported,
                   detail::concat("project_qkv_index: cuBLASLt has no FP8 GEMM with per-channel and "
@@ -289,16 +437,27 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
                                  " on this device (needs sm_90+ and "
                                  "cuBLAS 12.9+)"));
     }
-    found = cache.algos.emplace(key, result.algo).first;
+    int best = 0;
+    if (count > 1 && !stream_is_capturing(stream)) {
+      best = fastest_algo(
+          count,
+          [&](int i) {
+            return cublasLtMatmul(handle, op.desc, &kOne, weights.weight.data, a.layout, codes,
+                                  b.layout, &kZero, out.data, d.layout, out.data, d.layout,
+                                  &results[i].algo, ws + l.gemm,
+                                  detail::kProjectionGemmWorkspaceBytes, stream);
+          },
+          stream);
+    }
+    found = cache.algos.emplace(key, results[best].algo).first;
   }
   const cublasLtMatmulAlgo_t algo = found->second;
   lock.unlock();
 
-  const float alpha = 1.0f, beta = 0.0f;
-  FLASHMSA_CHECK_CUBLAS(cublasLtMatmul(handle, op.desc, &alpha, weights.weight.data, a.layout,
-                                       codes, b.layout, &beta, out.data, d.layout, out.data,
-                                       d.layout, &algo, ws + l.gemm,
-                                       detail::kProjectionGemmWorkspaceBytes, stream));
+  FLASHMSA_CHECK_CUBLAS(cublasLtMatmul(handle, op.desc, &kOne, weights.weight.data, a.layout, codes,
+                                       b.layout, &kZero, out.data, d.layout, out.data, d.layout,
+                                       &algo, ws + l.gemm, detail::kProjectionGemmWorkspaceBytes,
+                                       stream));
 }
 
 }  // namespace flashmsa::cuda

@@ -146,11 +146,20 @@ void expect_matches_cpu(const PackedProjection& p, const std::vector<std::uint16
 
 TEST(ProjectionGpu, MatchesTheCpuPathAndItsCodesBitForBit) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
-  // (out_features, hidden): M3's TP-2 rank over a short hidden, and a TP-8 rank at M3's 6144.
-  for (auto [n, k] : {std::pair<std::int64_t, std::int64_t>{4992, 1024}, {1536, 6144}}) {
+  // (out_features, hidden, token counts): M3's TP-2 rank over a short hidden, and a TP-8 rank at
+  // M3's 6144; then channels that do not fill the streaming kernel's last 16-channel CTA, at the
+  // streaming kernel's largest token count and the GEMM's smallest, and a hidden size the
+  // streaming kernel does not take (not a multiple of 256), so that the GEMM serves one token.
+  struct Case {
+    std::int64_t n, k;
+    std::vector<std::int64_t> token_counts;
+  };
+  for (const Case& c : {Case{4992, 1024, {1, 5, 64, 333}}, Case{1536, 6144, {1, 5, 64, 333}},
+                        Case{1000, 1024, {8, 9}}, Case{1000, 1088, {1, 9}}}) {
+    const std::int64_t n = c.n, k = c.k;
     const PackedProjection p = random_packed(n, k, static_cast<unsigned>(n + k));
     const DeviceProjection dp(p);
-    for (std::int64_t tokens : {1, 5, 64, 333}) {
+    for (std::int64_t tokens : c.token_counts) {
       SCOPED_TRACE(testing::Message() << n << " x " << k << ", " << tokens << " tokens");
       std::vector<std::uint16_t> x = random_hidden(tokens, k, static_cast<unsigned>(tokens));
       if (tokens >= 5) {
