@@ -697,10 +697,9 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
       {PhaseKernel::kIndexTopk, "top-k", {"selection"}},
       {PhaseKernel::kAttention,
        "attention",
-       {"union built", "queries + first page landed", "pages attended", "epilogue"}},
-      {PhaseKernel::kAttentionCombine,
-       "split combine",
-       {"log-sum-exps read", "partials merged", "stores"}}};
+       {"union built", "queries + first page landed", "pages attended",
+        "epilogue (with splits: to shared memory, cluster barrier)",
+        "split merge through distributed shared memory + stores"}}};
   std::vector<std::unique_ptr<DeviceArray<unsigned long long>>> stamps;
   for (const Kernel& k : kernels) {
     stamps.push_back(
@@ -746,7 +745,12 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
           const unsigned long long* row = host[k].data() + c * 2 * kPhaseSlots;
           if (row[0] == 0) continue;
           first_start = std::min(first_start, row[0]);
-          if (row[last]) last_end = std::max(last_end, row[last]);
+          for (int ph = last; ph > 0; --ph) {  // the CTA's last recorded phase
+            if (row[ph]) {
+              last_end = std::max(last_end, row[ph]);
+              break;
+            }
+          }
           for (int ph = 1; ph <= last; ++ph) {  // cycles since the previous recorded phase
             int prev = ph - 1;
             while (prev > 0 && row[prev] == 0) --prev;
@@ -755,7 +759,7 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
               phase_us[ph].push_back(double(cyc[ph] - cyc[prev]) / clock_khz * 1e3);
           }
         }
-        if (first_start == ~0ull) continue;  // not launched (no split combine)
+        if (first_start == ~0ull) continue;  // not launched
         const std::string name = kernels[k].name;
         add(name + ": first CTA starts", double(first_start - t0) * 1e-3);
         add(name + ": last CTA ends", double(last_end - t0) * 1e-3);

@@ -1,9 +1,9 @@
-// The device scratch of the CUDA attention (attention_workspace_bytes) and the decode split rule
-// it depends on. Host-only arithmetic, shared by the op layer and the CUDA host code.
+// The device scratch of the CUDA attention (attention_workspace_bytes) and the decode split rule.
+// Host-only arithmetic, shared by the op layer and the CUDA host code.
 //
-// Prefill keeps the plan of the batch's rows there; decode keeps the fp32 partial results of its
-// splits. The split count depends only on the batch shape (never on lengths), so a buffer sized
-// for the largest batch serves every smaller one and a captured CUDA graph stays valid.
+// Prefill keeps the plan of the batch's rows there. Decode needs none: the splits of a row tile
+// run as one thread-block cluster and merge through distributed shared memory. The split count
+// depends only on the batch shape (never on lengths), so a captured CUDA graph stays valid.
 #pragma once
 
 #include <algorithm>
@@ -23,8 +23,12 @@ constexpr std::int64_t attention_decode_tile_rows(std::int64_t decode_query_len)
   return decode_query_len == 1 ? 1 : 4;
 }
 
+// The most splits of one row tile: they run as one cluster, and 8 CTAs is the portable cluster
+// size (one decode CTA per SM: a cluster of 8 fits in any of the H100 / H200's GPCs).
+inline constexpr std::int64_t kAttentionDecodeMaxSplits = 8;
+
 // Splits of each (request, row tile, kv head)'s selected pages: enough CTAs to fill the GPU,
-// at most one split per page a tile can select.
+// at most one split per page a tile can select and at most a cluster's worth.
 constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
                                                std::int64_t decode_query_len, std::int64_t kv_heads,
                                                std::int64_t topk_width) {
@@ -32,12 +36,12 @@ constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
   const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
   const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
   const std::int64_t want = (kAttentionDecodeTargetCtas + ctas - 1) / ctas;
-  return std::clamp<std::int64_t>(want, 1, std::max<std::int64_t>(1, rows * topk_width));
+  return std::clamp<std::int64_t>(
+      want, 1, std::clamp<std::int64_t>(rows * topk_width, 1, kAttentionDecodeMaxSplits));
 }
 
 struct AttentionWorkspaceLayout {
   std::int64_t request_begin = 0, request_end = 0, tile_offset = 0;  // prefill plan
-  std::int64_t partial_out = 0, partial_lse = 0;                     // decode partials
   std::int64_t bytes = 0;
 };
 
@@ -46,19 +50,6 @@ constexpr AttentionWorkspaceLayout attention_prefill_layout(std::int64_t num_req
   l.request_end = align_up(4 * num_requests, 256);
   l.tile_offset = l.request_end + align_up(4 * num_requests, 256);
   l.bytes = l.tile_offset + align_up(4 * (num_requests + 1), 256);
-  return l;
-}
-
-constexpr AttentionWorkspaceLayout attention_decode_layout(
-    std::int64_t num_requests, std::int64_t decode_query_len, std::int64_t q_heads,
-    std::int64_t kv_heads, std::int64_t head_dim, std::int64_t topk_width) {
-  AttentionWorkspaceLayout l;
-  const std::int64_t splits =
-      attention_decode_splits(num_requests, decode_query_len, kv_heads, topk_width);
-  if (splits == 1) return l;  // no partials: the kernel writes the outputs
-  const std::int64_t vectors = splits * num_requests * decode_query_len * q_heads;
-  l.partial_lse = align_up(vectors * head_dim * 4, 256);
-  l.bytes = l.partial_lse + align_up(vectors * 4, 256);
   return l;
 }
 

@@ -389,23 +389,9 @@ std::int64_t index_workspace_bytes(const Config& config, std::int64_t num_rows,
       .bytes;
 }
 
-std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_rows,
-                                       std::int64_t num_requests) {
-  const ResolvedHeads h = config.resolve_heads();
-  std::int64_t bytes = detail::attention_prefill_layout(num_requests).bytes;
-  // Decode: every batch of b <= num_requests requests with b x dql <= num_rows rows. Batches of
-  // kAttentionDecodeTargetCtas requests or more run unsplit and need no partials, so the loop
-  // is bounded whatever the capacity (the torch ops call this on every step).
-  const std::int64_t split_batches = std::min(num_requests, detail::kAttentionDecodeTargetCtas - 1);
-  for (std::int64_t dql = 1; dql <= kMaxDecodeQueryLen; ++dql) {
-    for (std::int64_t b = 1; b <= split_batches && b * dql <= num_rows; ++b) {
-      bytes = std::max(bytes,
-                       detail::attention_decode_layout(b, dql, h.num_attention_heads,
-                                                       h.num_key_value_heads, config.head_dim, 64)
-                           .bytes);
-    }
-  }
-  return bytes;
+std::int64_t attention_workspace_bytes(const Config&, std::int64_t, std::int64_t num_requests) {
+  // Prefill's row plan; decode needs none (its splits merge inside a cluster).
+  return detail::attention_prefill_layout(num_requests).bytes;
 }
 
 std::int64_t decode_workspace_bytes(const Config& config, std::int64_t max_requests,

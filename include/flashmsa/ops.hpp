@@ -117,15 +117,15 @@ struct AttentionOutputs {
   fmt::ScaleLayout mxfp8_scale_layout = fmt::ScaleLayout::kRowMajor;
   fmt::Mxfp8ScaleRule mxfp8_scale_rule = fmt::Mxfp8ScaleRule::kRceil;
   // CUDA backend only: uint8 device scratch of at least attention_workspace_bytes(...) bytes,
-  // 256-byte aligned (the prefill row plan; decode split partials). Ignored on the CPU. The
+  // 256-byte aligned (the prefill row plan; decode needs none). Ignored on the CPU. The
   // indexer's workspace may be reused: the ops of one stream never overlap.
   TensorView workspace;
 };
 
 // Bytes of `AttentionOutputs::workspace` the CUDA attention needs for any prefill, dense or
 // decode batch of at most `num_requests` requests and `num_rows` query rows (top-k lists up to
-// 64 wide). The decode split count depends only on the batch shape, so a buffer sized for the
-// capacity (max batch x max decode query length) serves every step and every captured graph.
+// 64 wide): prefill's row plan (decode merges its splits without scratch), so a buffer sized for
+// the capacity serves every step and every captured graph.
 std::int64_t attention_workspace_bytes(const Config& config, std::int64_t num_rows,
                                        std::int64_t num_requests);
 

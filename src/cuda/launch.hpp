@@ -57,25 +57,38 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, c
 // The same as a programmatic dependent of the stream's previous kernel: its CTAs may be launched
 // while that kernel still runs (once every CTA of it has called allow_next_kernel() or exited),
 // which hides the launch latency between the kernels of a decode step. The kernel must call
-// wait_for_previous_kernel() before it reads or writes memory that earlier work touches.
+// wait_for_previous_kernel() before it reads or writes memory that earlier work touches. With a
+// cluster shape other than 1 x 1 x 1 the CTAs run in thread-block clusters of that shape (grid
+// divisible by it, at most 8 CTAs).
 template <class... Params, class... Args>
-void launch_dependent_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
-                             cudaStream_t stream, Args&&... args) {
+void launch_dependent_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                                     int smem, cudaStream_t stream, Args&&... args) {
   if (smem > 0) {
     FLASHMSA_CHECK_CUDA(
         cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   }
-  cudaLaunchAttribute overlap{};
-  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attrs[2]{};
+  attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attrs[0].val.programmaticStreamSerializationAllowed = 1;
+  attrs[1].id = cudaLaunchAttributeClusterDimension;
+  attrs[1].val.clusterDim.x = cluster.x;
+  attrs[1].val.clusterDim.y = cluster.y;
+  attrs[1].val.clusterDim.z = cluster.z;
   cudaLaunchConfig_t config{};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = static_cast<std::size_t>(smem);
   config.stream = stream;
-  config.attrs = &overlap;
-  config.numAttrs = 1;
+  config.attrs = attrs;
+  config.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   FLASHMSA_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
+template <class... Params, class... Args>
+void launch_dependent_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
+                             cudaStream_t stream, Args&&... args) {
+  launch_dependent_cluster_kernel(kernel, grid, dim3(1, 1, 1), block, smem, stream,
+                                  std::forward<Args>(args)...);
 }
 
 }  // namespace flashmsa::cuda

@@ -56,27 +56,34 @@ TEST(Attention, NonFiniteInputsAreNeverHidden) {
 
 // The decode plan by capacity: one buffer serves the indexer and the attention of every smaller
 // decode batch (the CUDA ops require exactly these sizes; the GPU graph test runs on such a
-// buffer).
+// buffer). The decode attention itself needs none: its splits merge inside a cluster.
 TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
-  // Batches that fill the GPU without splitting need no partials.
-  EXPECT_EQ(
-      detail::attention_decode_layout(detail::kAttentionDecodeTargetCtas, 1, 64, 4, 128, 64).bytes,
-      0);
   const Config c;
   const std::int64_t capacity = decode_workspace_bytes(c, 48, 4, 300);
   for (std::int64_t b = 1; b <= 48; ++b) {
     for (std::int64_t dql = 1; dql <= 4; ++dql) {
       for (std::int64_t width : {1, 17, 300}) {
         EXPECT_GE(capacity, index_workspace_bytes(c, b * dql, b, width)) << b << " " << dql;
-        EXPECT_GE(capacity, detail::attention_decode_layout(b, dql, 64, 4, 128, 64).bytes)
-            << b << " " << dql;
+        EXPECT_GE(capacity, attention_workspace_bytes(c, b * dql, b)) << b << " " << dql;
       }
     }
   }
-  // A capacity past the split threshold still covers the small batches that do split.
-  const std::int64_t large = decode_workspace_bytes(c, 1000, 4, 300);
-  for (std::int64_t b = 1; b <= 200; ++b) {
-    EXPECT_GE(large, detail::attention_decode_layout(b, 4, 64, 4, 128, 64).bytes) << b;
+}
+
+// Splits of a decode row tile: enough CTAs for one wave, never more than a cluster (8) nor more
+// than the pages the tile can select.
+TEST(Attention, DecodeSplitsFitOneCluster) {
+  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 16), 8);   // wants 33
+  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16), 5);   // 32 CTAs: 5 x 32 >= 132
+  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 3), 3);    // 3 pages at most
+  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16), 1);  // 256 CTAs: the GPU is full
+  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16), 8);   // a 4-row tile
+  for (std::int64_t b = 1; b <= 300; ++b) {
+    for (std::int64_t dql = 1; dql <= 16; ++dql) {
+      const std::int64_t s = detail::attention_decode_splits(b, dql, 4, 16);
+      EXPECT_GE(s, 1);
+      EXPECT_LE(s, detail::kAttentionDecodeMaxSplits);
+    }
   }
 }
 

@@ -12,7 +12,7 @@
 
 namespace flashmsa::cuda {
 
-enum class PhaseKernel : int { kIndexScore, kIndexTopk, kAttention, kAttentionCombine, kCount };
+enum class PhaseKernel : int { kIndexScore, kIndexTopk, kAttention, kCount };
 constexpr int kPhaseSlots = 8;  // phases per CTA at most
 
 struct PhaseClock {

@@ -1,6 +1,6 @@
 // Host side of the CUDA attention: checks what only the CUDA path needs (alignment, widths,
-// workspace), fills AttentionParams and launches plan (prefill), attention and combine (decode
-// with splits). No host synchronisation and no allocation: decode can be captured in a graph.
+// workspace), fills AttentionParams and launches plan (prefill) and attention (decode splits in
+// clusters). No host synchronisation and no allocation: decode can be captured in a graph.
 #include <cuda_runtime.h>
 
 #include "flashmsa/error.hpp"
@@ -12,79 +12,6 @@
 #include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
-
-// Log-sum-exp merge of the splits: one CTA per (row, kv head). A thread per (head, 4 dims) merges
-// its float4 of every split, 16 splits' loads in flight at a time (the partials are a few KB per
-// row: the merge is latency-bound, and one thread walking 16 splits one load after another took
-// 18 us); the merged rows then go through shared memory to a thread per (head, group of 32) for
-// the stores (MXFP8 quantizes groups of 32). Each value's arithmetic, in split order, is the
-// same as a plain loop's, so the result does not depend on the thread layout.
-constexpr int kAttentionCombineThreads = 512;  // 16 heads x 32 float4 of D = 128
-constexpr int kCombineBatch = 16;              // splits loaded before they are merged
-
-__global__ void __launch_bounds__(kAttentionCombineThreads)
-    attention_combine_kernel(const __grid_constant__ AttentionParams p) {
-  wait_for_previous_kernel();  // launched as a dependent of the attention
-  phase_stamp(p.combine_clock, 0);
-  __shared__ __align__(16) float merged[16 * 128];
-  __shared__ float merged_lse[16];
-  const std::int64_t t = blockIdx.x;
-  const int head = threadIdx.x / 32, quad = threadIdx.x % 32;
-  const int hq = blockIdx.y * p.group + head;
-  auto vec = [&](int s) { return (std::int64_t{s} * p.num_rows + t) * p.num_q_heads + hq; };
-  if (head < p.group) {
-    float m = -INFINITY;
-    for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
-      float lse[kCombineBatch];
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j)
-        lse[j] = s0 + j < p.splits ? p.partial_lse[vec(s0 + j)] : -INFINITY;
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) m = fmaxf(m, lse[j]);
-    }
-    phase_stamp(p.combine_clock, 1);              // the splits' log-sum-exps are read
-    const float ref = m == -INFINITY ? 0.0f : m;  // every split empty: weights exp(-inf) = 0
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    float l = 0.0f;
-    // Every split is merged, empty ones with weight 0, so a NaN partial (log-sum-exp or value)
-    // reaches the row (spec section 5).
-    for (int s0 = 0; s0 < p.splits; s0 += kCombineBatch) {
-      float lse[kCombineBatch];
-      float4 x[kCombineBatch];
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        if (s0 + j < p.splits) {
-          lse[j] = p.partial_lse[vec(s0 + j)];
-          x[j] = reinterpret_cast<const float4*>(p.partial_out + vec(s0 + j) * 128)[quad];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kCombineBatch; ++j) {
-        if (s0 + j < p.splits) {
-          const float w = __expf(lse[j] - ref);
-          l += w;
-          v.x += w * x[j].x, v.y += w * x[j].y, v.z += w * x[j].z, v.w += w * x[j].w;
-        }
-      }
-    }
-    // l > 0: normalise; l == 0 (no key): zeros and -inf; NaN l: NaN row and log-sum-exp.
-    auto normalise = [&](float x) { return l > 0.0f ? x / l : x * l; };
-    reinterpret_cast<float4*>(merged + head * 128)[quad] =
-        make_float4(normalise(v.x), normalise(v.y), normalise(v.z), normalise(v.w));
-    if (quad == 0) merged_lse[head] = l > 0.0f ? m + __logf(l) : l == 0.0f ? -INFINITY : l;
-  }
-  __syncthreads();
-  phase_stamp(p.combine_clock, 2);  // the merged rows are in shared memory
-  allow_next_kernel();
-  if (threadIdx.x >= p.group * 4) return;
-  const int store_head = threadIdx.x / 4, grp = threadIdx.x % 4;
-  float out[32];
-#pragma unroll
-  for (int j = 0; j < 32; ++j) out[j] = merged[store_head * 128 + grp * 32 + j];
-  attention_detail::store_group(p.store, t, blockIdx.y * p.group + store_head, grp, out,
-                                merged_lse[store_head]);
-  phase_stamp(p.combine_clock, 3);
-}
 
 // Prefill rows no request covers (inconsistent cu_seqlens) get zeros and -inf, as on the CPU.
 constexpr int kAttentionEmptyRowThreads = 256;
@@ -129,7 +56,6 @@ AttentionParams common_params(const Config& config, const TensorView& q, const K
 
   AttentionParams p;
   p.clock = phase_clock(PhaseKernel::kAttention);
-  p.combine_clock = phase_clock(PhaseKernel::kAttentionCombine);
   p.q = q.data;
   p.q_row_stride = q.stride[0];
   p.q_head_stride = q.stride[1];
@@ -258,13 +184,6 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   p.rows.decode_query_len = dql;
   p.splits = static_cast<std::int32_t>(
       detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width));
-  const auto layout =
-      detail::attention_decode_layout(num_requests, dql, p.num_q_heads, hkv, 128, p.topk_width);
-  std::byte* ws = checked_workspace(out, layout.bytes);
-  if (p.splits > 1) {
-    p.partial_out = reinterpret_cast<float*>(ws + layout.partial_out);
-    p.partial_lse = reinterpret_cast<float*>(ws + layout.partial_lse);
-  }
   if (num_requests == 0) return;
   const std::int64_t tile_rows = detail::attention_decode_tile_rows(dql);
   const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
@@ -273,11 +192,6 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
     launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
   } else {
     launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
-  }
-  if (p.splits > 1) {
-    launch_dependent_kernel(attention_combine_kernel,
-                            dim3(static_cast<unsigned>(p.num_rows), static_cast<unsigned>(hkv)),
-                            kAttentionCombineThreads, 0, s, p);
   }
 }
 

@@ -12,15 +12,19 @@
 // widened exactly to the 16-bit MMA type in shared memory.
 //
 // The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
-// fp32 / MXFP8 and the log-sum-exp) or, with several splits, a normalised fp32 partial and its
-// log-sum-exp for attention_combine_kernel.
+// fp32 / MXFP8 and the log-sum-exp). Decode with several splits runs the splits of a row tile as
+// one thread-block cluster: each leaves its normalised rows in shared memory and the cluster's
+// CTAs merge them through distributed shared memory, each CTA a share of the rows.
 #pragma once
 
+#include <cooperative_groups.h>
 #include <cuda_fp8.h>
 #include <cub/block/block_scan.cuh>
+#include <utility>
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/formats.hpp"
+#include "src/attention_workspace.hpp"
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_params.hpp"
@@ -32,6 +36,8 @@
 #include "src/cuda/sm90/warp_mma.cuh"
 
 namespace flashmsa::cuda {
+
+constexpr int kMaxDecodeSplits = static_cast<int>(detail::kAttentionDecodeMaxSplits);
 
 template <class Traits, KvFormat kFormat, class Elem, class QElem>
 __global__ void __launch_bounds__(Traits::kThreads)
@@ -272,13 +278,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
   }
-  allow_next_kernel();  // the split combine's CTAs launch during the epilogue
+  allow_next_kernel();  // the step's next kernel launches during the epilogue
   ring.drain();
   __syncthreads();  // the ring is free: the epilogue reuses it
   phase_stamp(p.clock, 3);
 
   // ---- Epilogue: each warp's (max, sum, unnormalised O) to shared memory ----
-  static_assert(Traits::kWarps * 16 * (Traits::kPartialStride + 2) * 4 <=
+  // The key parts' partials, then (cluster splits) the CTA's merged rows for the other splits.
+  constexpr int kSplitRowFloats = Traits::kClusterSplits ? Traits::kRows * 16 * 129 : 0;
+  static_assert((Traits::kWarps * 16 * (Traits::kPartialStride + 2) + kSplitRowFloats) * 4 <=
                 kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0));
   float* part_o = reinterpret_cast<float*>(stages);
   float* part_max = part_o + Traits::kWarps * 16 * Traits::kPartialStride;
@@ -328,7 +336,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     constexpr float kLn2 = 0.6931471805599453f;
     return out_scale.lse_log2 * kLn2;
   };
-  if (p.splits == 1) {
+  if (!Traits::kClusterSplits || p.splits == 1) {
     // Final outputs by groups of 32 values (MXFP8 quantizes 32 at a time).
     for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
       const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
@@ -336,30 +344,95 @@ __global__ void __launch_bounds__(Traits::kThreads)
       const float lse = merge(row, head, grp * 32, v);
       store_group(p.store, tile.row + row, kv_head * p.group + head, grp, v, lse);
     }
-  } else {
-    // fp32 partials by pieces of 8 values: 4x the threads share the merge, which is on the
-    // latency path of small decode batches (the ones with splits).
+    phase_stamp(p.clock, 4);
+  } else if constexpr (Traits::kClusterSplits) {
+    // The splits of this row tile are one cluster (grid.z). Each CTA leaves its rows, normalised,
+    // and their log-sum-exps in its shared memory, by pieces of 8 values (4x the threads share
+    // the key parts' merge, which is on the latency path of the small batches that split) ...
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    float* split_o = part_sum + Traits::kWarps * 16;  // [kRows * 16 (row, head)][128]
+    float* split_lse = split_o + Traits::kRows * 16 * 128;
     for (int item = threadIdx.x; item < tile.rows * p.group * 16; item += Traits::kThreads) {
       const int row = item / (p.group * 16), head = (item / 16) % p.group, piece = item % 16;
       float v[8];
       const float lse = merge(row, head, piece * 8, v);
-      const std::int64_t vec = (std::int64_t{split} * p.num_rows + tile.row + row) * p.num_q_heads +
-                               kv_head * p.group + head;
-      auto* dst = reinterpret_cast<float4*>(p.partial_out + vec * 128 + piece * 8);
+      auto* dst = reinterpret_cast<float4*>(split_o + (row * 16 + head) * 128 + piece * 8);
       dst[0] = make_float4(v[0], v[1], v[2], v[3]);
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
-      if (piece == 0) p.partial_lse[vec] = lse;
+      if (piece == 0) split_lse[row * 16 + head] = lse;
     }
+    cluster.sync();  // every split's rows are in its shared memory
+    phase_stamp(p.clock, 4);
+    // ... then CTA r merges the (row, head) vectors r, r + splits, ... of every split through
+    // distributed shared memory: a warp per vector, a lane per 4 values, every split's loads in
+    // flight, merged in split order (the key parts' partials are read: their space takes the
+    // merged vectors) ...
+    const int rank = static_cast<int>(cluster.block_rank());
+    const int vectors = tile.rows * p.group;
+    const int mine = (vectors - rank + p.splits - 1) / p.splits;
+    float* merged = part_o;  // [mine][128]
+    float* merged_lse = part_o + mine * 128;
+    for (int local = warp; local < mine; local += Traits::kWarps) {
+      const int vec = local * p.splits + rank;
+      const int slot = (vec / p.group) * 16 + vec % p.group;
+      float lse[kMaxDecodeSplits];
+      float4 x[kMaxDecodeSplits];
+      float m = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < kMaxDecodeSplits; ++s) {
+        if (s < p.splits) {
+          lse[s] = cluster.map_shared_rank(split_lse, s)[slot];
+          x[s] = reinterpret_cast<const float4*>(cluster.map_shared_rank(split_o, s) +
+                                                 slot * 128)[lane];
+          m = fmaxf(m, lse[s]);
+        }
+      }
+      const float ref = m == -INFINITY ? 0.0f : m;  // every split empty: weights exp(-inf) = 0
+      float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      float l = 0.0f;
+      // Every split is merged, empty ones with weight 0, so a NaN partial (log-sum-exp or value)
+      // reaches the row (spec section 5).
+#pragma unroll
+      for (int s = 0; s < kMaxDecodeSplits; ++s) {
+        if (s < p.splits) {
+          const float w = __expf(lse[s] - ref);
+          l += w;
+          v.x += w * x[s].x, v.y += w * x[s].y, v.z += w * x[s].z, v.w += w * x[s].w;
+        }
+      }
+      // l > 0: normalise; l == 0 (no key): zeros and -inf; NaN l: NaN row and log-sum-exp.
+      auto normalise = [&](float y) { return l > 0.0f ? y / l : y * l; };
+      reinterpret_cast<float4*>(merged + local * 128)[lane] =
+          make_float4(normalise(v.x), normalise(v.y), normalise(v.z), normalise(v.w));
+      if (lane == 0) merged_lse[local] = l > 0.0f ? m + __logf(l) : l == 0.0f ? -INFINITY : l;
+    }
+    // This CTA has read the others' rows: it says so now and waits for them to have read its own
+    // only before it exits, so the barrier's latency hides behind the stores.
+    auto done_reading = cluster.barrier_arrive();
+    __syncthreads();
+    // ... and stores them by groups of 32 values (MXFP8 quantizes 32 at a time).
+    for (int item = threadIdx.x; item < mine * 4; item += Traits::kThreads) {
+      const int local = item / 4, grp = item % 4, vec = local * p.splits + rank;
+      float v[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = merged[local * 128 + grp * 32 + j];
+      store_group(p.store, tile.row + vec / p.group, kv_head * p.group + vec % p.group, grp, v,
+                  merged_lse[local]);
+    }
+    phase_stamp(p.clock, 5);
+    cluster.barrier_wait(std::move(done_reading));  // no CTA leaves while its rows may be read
   }
-  phase_stamp(p.clock, 4);
 }
 
 // Host launcher of one instantiation (explicitly instantiated by the generated sources listed in
 // cmake/sm90_kernels.cmake; attention_launch.hpp chooses among them at run time).
 template <class Traits, KvFormat kFormat, class Elem, class QElem>
 void launch_attention_kernel(const AttentionParams& p, dim3 grid, cudaStream_t stream) {
-  launch_dependent_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid, Traits::kThreads,
-                          attention_smem_bytes<Traits, kFormat>(), stream, p);
+  // The splits of a row tile (grid.z) form one cluster.
+  launch_dependent_cluster_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid,
+                                  dim3(1, 1, static_cast<unsigned>(p.splits)), Traits::kThreads,
+                                  attention_smem_bytes<Traits, kFormat>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

@@ -1,14 +1,13 @@
 // Parameters of the CUDA attention kernels (spec sections 5 and 7).
 //
-// Sparse and dense attention run as up to three launches:
+// Sparse and dense attention run as up to two launches:
 //   1. (prefill only) index_plan_kernel (the scheduler's, shared with the indexer): each request's
-//   clamped row
-//      range and its tiles of attention_kernel's row count;
+//      clamped row range and its tiles of attention_kernel's row count;
 //   2. attention_kernel: one CTA per (tile of query rows of one request, kv head, split). It
 //      gathers the union of the pages its rows selected (each with a bitmask of the rows that
 //      selected it), streams those pages through shared memory and lets each warp attend with
-//      its own row's 16 query heads to the pages that row selected;
-//   3. (decode with splits > 1) attention_combine_kernel: the log-sum-exp merge of the splits.
+//      its own row's 16 query heads to the pages that row selected. Decode with splits > 1 runs
+//      a tile's splits as one cluster that merges them (log-sum-exp weights) in its epilogue.
 // Prefill rows that no request covers get their empty output from attention_empty_rows_kernel.
 #pragma once
 
@@ -54,11 +53,9 @@ struct AttentionParams {
   const std::int32_t* topk = nullptr;
   std::int64_t topk_stride[3] = {};
   std::int32_t topk_width = 0;
-  std::int32_t splits = 1;          // grid.z: each split takes a share of the tile's pages
-  AttentionStore store;             // final outputs (splits == 1)
-  float* partial_out = nullptr;     // splits > 1: [splits, T, Hq, D] fp32, normalised per split
-  float* partial_lse = nullptr;     // [splits, T, Hq] natural log-sum-exp of each split
-  PhaseClock clock, combine_clock;  // latency studies only (phase_clock.hpp)
+  std::int32_t splits = 1;  // grid.z and the cluster: each split takes a share of the pages
+  AttentionStore store;     // final outputs
+  PhaseClock clock;         // latency studies only (phase_clock.hpp)
 };
 
 }  // namespace flashmsa::cuda

@@ -6,10 +6,12 @@
 
 namespace flashmsa::cuda {
 
-template <int kRows_, int kKeySplit_, int kBf16Stages_>
+template <int kRows_, int kKeySplit_, int kBf16Stages_, bool kClusterSplits_>
 struct AttentionTraits {
   static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
   static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
+  // Whether a row tile's pages may be split over a cluster of CTAs that merge their rows (decode).
+  static constexpr bool kClusterSplits = kClusterSplits_;
   // Ring stages for bf16 pages; smaller pages get more (attention_stages).
   static constexpr int kBf16Stages = kBf16Stages_;
   static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
@@ -23,13 +25,13 @@ struct AttentionTraits {
 };
 
 // Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
-using AttentionPrefillTraits = AttentionTraits<8, 1, 2>;
+using AttentionPrefillTraits = AttentionTraits<8, 1, 2, false>;
 // Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
 // holds the ring of 3 bf16 pages).
-using AttentionDecode1Traits = AttentionTraits<1, 8, 3>;
+using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
 // Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
 // per row.
-using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3>;
+using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
 
 // A page in a raw stage: its K plane, then its V plane.
 template <KvFormat kFormat>

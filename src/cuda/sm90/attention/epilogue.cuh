@@ -1,6 +1,6 @@
 // The attention epilogue's pieces: the output scale of a finished softmax, the weighted merge of
 // partial rows (attention_kernel's key parts), and the final stores (bf16 / fp16 / fp32 rows, or
-// MXFP8 codes and scales, and the log-sum-exp), which the split combine shares.
+// MXFP8 codes and scales, and the log-sum-exp).
 #pragma once
 
 #include <cstdint>
