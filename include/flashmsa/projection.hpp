@@ -89,19 +89,17 @@ struct ProjectionWeightView {
 // buffer sized for the largest batch serves every smaller one and every captured graph.
 std::int64_t projection_workspace_bytes(std::int64_t max_tokens, std::int64_t hidden);
 
-// The projection on the tensors' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16
-// (the producer's qkv_index input), with the numerics of project_qkv_index_cpu. CUDA: each token
-// is quantized to E4M3 (its scale max |x| / 448), then the FP8 product with the per-token and
-// per-channel scales applied after the sums writes bf16: for up to 8 tokens one
-// weight-streaming kernel does both, above a quantization kernel and a cuBLASLt FP8 GEMM
-// (outer-vector scaling, no fast accumulation); on options.stream, no host sync, CUDA-graph
-// capturable. The first GEMM call per (T, out_features, hidden) shape times up to 8 of
-// cuBLASLt's algorithms on the call's data and keeps the fastest (a host synchronisation, once
-// per shape): make it before capturing (inside a capture it takes cuBLASLt's first choice, also
-// for every later call of that shape). `workspace` (uint8,
-// 256-byte aligned, projection_workspace_bytes) is CUDA only; the CPU backend ignores it. hidden %
-// 16 == 0 and out_features % 8 == 0 on CUDA (FP8 GEMM operand alignment), which every Config
-// satisfies.
+// The projection on the tensors' device: hidden [T, hidden] bf16 -> out [T, out_features] bf16 (the
+// producer's qkv_index input), with the numerics of project_qkv_index_cpu. CUDA: each token is
+// quantized to E4M3 (its scale max |x| / 448), then the FP8 product with the per-token and
+// per-channel scales applied after the sums writes bf16: for up to 8 tokens a weight-streaming
+// kernel, above a cuBLASLt FP8 GEMM (outer-vector scaling, no fast accumulation); on
+// options.stream, no host sync, CUDA-graph capturable. The first GEMM call per (T, out_features,
+// hidden) shape times up to 8 of cuBLASLt's algorithms on the call's data and keeps the fastest (a
+// host synchronisation, once per shape): make it before capturing (inside a capture it takes
+// cuBLASLt's first choice, also for every later call of that shape). `workspace` (uint8, 256-byte
+// aligned, projection_workspace_bytes) is CUDA only; the CPU backend ignores it. hidden % 16 == 0
+// and out_features % 8 == 0 on CUDA (FP8 GEMM operand alignment), which every Config satisfies.
 void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hidden,
                        const TensorView& out, const TensorView& workspace,
                        const OpOptions& options = {});

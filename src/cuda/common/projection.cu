@@ -1,8 +1,9 @@
-// The CUDA fused Q/K/V + index projection (include/flashmsa/projection.hpp): each token of the
-// bf16 hidden states is quantized to E4M3 with its own scale, then the product with the packed
-// E4M3 weight, both scale vectors applied after the sums, writes the bf16 fused rows the producer
-// reads. Up to 8 tokens one weight-streaming kernel does all of it; above, a quantization kernel
-// and one cuBLASLt FP8 GEMM (outer-vector scaling, sm_90 and later).
+// The CUDA fused Q/K/V + index projection (include/flashmsa/projection.hpp): one kernel quantizes
+// each token of the bf16 hidden states to E4M3 with its own scale, then the product with the
+// packed E4M3 weight, both scale vectors applied after the sums, writes the bf16 fused rows the
+// producer reads: for up to 8 tokens a weight-streaming kernel (a programmatic dependent of the
+// quantization, its weight reads overlapping it), above one cuBLASLt FP8 GEMM (outer-vector
+// scaling, sm_90 and later).
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -29,7 +30,7 @@ constexpr float kE4m3Max = 448.0f;
 // ---- Per-token E4M3 quantization (the CPU's quantize_row bit for bit) ------------------------
 // scale = max |x| / 448 (1 for an all-zero token, NaN with the codes zero for a token holding a
 // NaN or infinity, so that its outputs are NaN, as on the CPU), codes = e4m3_satfinite(x /
-// scale), rounded to nearest even. Both paths quantize with these three pieces.
+// scale), rounded to nearest even.
 
 // Folds 8 bf16 values into a token's running max |x| and finiteness.
 __device__ __forceinline__ void scan_piece(const uint4& raw, float& amax, bool& finite) {
@@ -62,10 +63,12 @@ __device__ __forceinline__ uint2 e4m3_codes(const uint4& raw, float scale, bool 
   return make_uint2(word[0], word[1]);
 }
 
-// One CTA per token (the GEMM path). The row is read twice; the second read comes from L1 / L2.
+// One CTA per token. The row is read twice; the second read comes from L1 / L2. The streaming
+// kernel after it (a programmatic dependent) may start at once: it reads the weight first.
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_tokens_kernel(const __nv_bfloat16* __restrict__ hidden, std::int64_t width,
                            std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
+  allow_next_kernel();
   const std::int64_t token = blockIdx.x;
   const auto* row = reinterpret_cast<const uint4*>(hidden + token * width);
   const std::int64_t pieces = width / 8;  // 8 values per 16-byte piece
@@ -100,19 +103,22 @@ __global__ void __launch_bounds__(kQuantThreads)
   }
 }
 
-// ---- Up to 8 tokens (decode): one kernel, quantization fused, the weight streamed by the TMA --
+// ---- Up to 8 tokens (decode): the weight streamed by the TMA --------------------------------
 // There the GEMM is a weight stream: cuBLASLt's tiles left most SMs idle (1536 x 1 x 6144 ran on
-// 11 CTAs in 29 us, 14x the weight's read time), and a separate quantization launch costs more
-// than the stream. Each CTA owns 16 output channels (the MMA's M) and all tokens:
+// 11 CTAs in 29 us, 14x the weight's read time). This kernel runs as a programmatic dependent of
+// the quantization kernel, so its weight reads overlap the quantization. Each CTA owns 16 output
+// channels (the MMA's M) and all tokens:
 //   1. lanes 0..15 of warp 0 issue one bulk copy per (weight row, K quarter) into shared memory,
 //      each quarter completing on its own mbarrier: the CTA's whole 16 x K slice is in flight at
 //      once (96 KB at K 6144), the compute on quarter 0 starts while the rest streams;
-//   2. meanwhile the CTA quantizes the tokens itself (every CTA the same codes; CTA 0 also writes
-//      them and the scales to the workspace, which the GEMM path fills too);
+//   2. once the quantization kernel has finished, the CTA copies the tokens' codes (L2) into
+//      shared memory;
 //   3. its 8 warps split each quarter's 64-byte chunks: mma.sync m16n8k32 E4M3 (exact products,
 //      fp32 sums), the warps' sums added in a fixed order, then multiplied by the channel's and
 //      the token's scales and rounded to bf16: cuBLASLt's computation up to the order of the
 //      fp32 sums.
+// (Quantizing the tokens in every CTA instead, which saves the dependency, cost the TP-1 layer
+// 118 us at T = 8 on the H200: every CTA repeated 8 x 6144 divisions.)
 // K order inside a 64-byte chunk is permuted, the same way for both operands: a thread's 16-byte
 // piece t of a weight row holds A's k = 4t..4t+3 and 16 + 4t..16 + 4t + 3 of two MMA steps.
 // Shared-memory rows are K + 64 bytes apart, so the two rows one LDS.128 phase reads fall in
@@ -128,11 +134,9 @@ constexpr int kMaxSmemPerCta = 227 * 1024;  // sm_90's opt-in limit
 constexpr std::int64_t stream_row_stride(std::int64_t k) {
   return k + kStreamRowPad;
 }
-// Dynamic shared memory: the weight slice, the token codes, the barriers, the per-warp token
-// maxima and the token scales.
+// Dynamic shared memory: the weight slice, the token codes, the barriers.
 constexpr std::int64_t stream_smem_bytes(std::int64_t tokens, std::int64_t k) {
-  return (kStreamRows + tokens) * stream_row_stride(k) + kStreamQuarters * 8 +
-         (2 * kStreamWarps + 1) * kStreamMaxTokens * 4;
+  return (kStreamRows + tokens) * stream_row_stride(k) + kStreamQuarters * 8;
 }
 // K in whole 64-byte chunks per quarter.
 constexpr bool stream_path(std::int64_t tokens, std::int64_t k) {
@@ -143,22 +147,21 @@ constexpr bool stream_path(std::int64_t tokens, std::int64_t k) {
 __global__ void __launch_bounds__(kStreamThreads)
     project_stream_kernel(const std::uint8_t* __restrict__ weight,
                           const float* __restrict__ weight_scale,
-                          const __nv_bfloat16* __restrict__ hidden,
-                          std::uint8_t* __restrict__ codes_out, float* __restrict__ scales_out,
-                          __nv_bfloat16* __restrict__ out, int n, int k, int tokens) {
+                          const std::uint8_t* __restrict__ codes,
+                          const float* __restrict__ token_scale, __nv_bfloat16* __restrict__ out,
+                          int n, int k, int tokens) {
   extern __shared__ __align__(128) std::byte smem[];
   const int stride = static_cast<int>(stream_row_stride(k));
   auto* w_tile = reinterpret_cast<std::uint8_t*>(smem);
   auto* x_tile = w_tile + kStreamRows * stride;
   auto* quarter_full = reinterpret_cast<std::uint64_t*>(x_tile + tokens * stride);
-  auto* warp_amax = reinterpret_cast<float*>(quarter_full + kStreamQuarters);
-  auto* warp_finite = reinterpret_cast<int*>(warp_amax + kStreamWarps * kStreamMaxTokens);
-  auto* scale_of = reinterpret_cast<float*>(warp_finite + kStreamWarps * kStreamMaxTokens);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int row0 = blockIdx.x * kStreamRows;
   const int quarter_bytes = k / kStreamQuarters;
 
-  // 1. The weight slice. Rows past n copy row n - 1 (never stored).
+  // 1. The weight slice (nothing earlier in the stream writes it while this kernel may run: the
+  // quantization kernel before it only started once all earlier work had finished). Rows past n
+  // copy row n - 1 (never stored).
   if (threadIdx.x == 0) {
     for (int q = 0; q < kStreamQuarters; ++q) mbarrier_init(&quarter_full[q], 1);
     fence_mbarrier_init();
@@ -180,47 +183,13 @@ __global__ void __launch_bounds__(kStreamThreads)
     }
   }
 
-  // 2. The tokens' codes, into shared memory (and the workspace, by CTA 0).
-  const int pieces = k / 8;
-  for (int tok = 0; tok < tokens; ++tok) {
-    const auto* row = reinterpret_cast<const uint4*>(hidden + std::int64_t{tok} * k);
-    float amax = 0.0f;
-    bool finite = true;
-    for (int i = threadIdx.x; i < pieces; i += kStreamThreads) {
-      scan_piece(__ldg(row + i), amax, finite);
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset /= 2) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, offset));
-    }
-    finite = __all_sync(0xffffffffu, finite);
-    if (lane == 0) {
-      warp_amax[warp * kStreamMaxTokens + tok] = amax;
-      warp_finite[warp * kStreamMaxTokens + tok] = finite;
-    }
-  }
-  __syncthreads();
-  for (int tok = 0; tok < tokens; ++tok) {
-    float amax = 0.0f;
-    bool finite = true;
-#pragma unroll
-    for (int w = 0; w < kStreamWarps; ++w) {
-      amax = fmaxf(amax, warp_amax[w * kStreamMaxTokens + tok]);
-      finite = finite && warp_finite[w * kStreamMaxTokens + tok];
-    }
-    const float scale = token_scale(amax, finite);
-    if (threadIdx.x == 0) {
-      scale_of[tok] = scale;
-      if (blockIdx.x == 0) scales_out[tok] = scale;
-    }
-    const auto* row = reinterpret_cast<const uint4*>(hidden + std::int64_t{tok} * k);
-    for (int i = threadIdx.x; i < pieces; i += kStreamThreads) {
-      const uint2 c = e4m3_codes(__ldg(row + i), scale, finite);
-      *reinterpret_cast<uint2*>(x_tile + tok * stride + 8 * i) = c;
-      if (blockIdx.x == 0) {
-        *reinterpret_cast<uint2*>(codes_out + std::int64_t{tok} * k + 8 * i) = c;
-      }
-    }
+  // 2. The tokens' codes, once the quantization kernel is done.
+  wait_for_previous_kernel();
+  const int pieces = k / 16;
+  for (int i = threadIdx.x; i < tokens * pieces; i += kStreamThreads) {
+    const int tok = i / pieces, piece = i % pieces;
+    *reinterpret_cast<uint4*>(x_tile + tok * stride + 16 * piece) =
+        __ldcg(reinterpret_cast<const uint4*>(codes + std::int64_t{tok} * k) + piece);
   }
   __syncthreads();
 
@@ -267,7 +236,7 @@ __global__ void __launch_bounds__(kStreamThreads)
       sum += partial[(w * kStreamRows + r) * kStreamMaxTokens + token];
     }
     out[std::int64_t{token} * n + row] =
-        __float2bfloat16_rn(sum * weight_scale[row] * scale_of[token]);
+        __float2bfloat16_rn(sum * weight_scale[row] * token_scale[token]);
   }
 }
 
@@ -369,19 +338,19 @@ void project_qkv_index(const ProjectionWeightView& weights, const TensorView& hi
   auto stream = static_cast<cudaStream_t>(stream_ptr);
   auto* codes = reinterpret_cast<std::uint8_t*>(ws + l.codes);
   auto* token_scales = reinterpret_cast<float*>(ws + l.scales);
-  if (stream_path(tokens, k)) {
-    const int smem = static_cast<int>(stream_smem_bytes(tokens, k));
-    launch_kernel(project_stream_kernel, dim3(static_cast<unsigned>(ceil_div(n, kStreamRows))),
-                  kStreamThreads, smem, stream,
-                  static_cast<const std::uint8_t*>(weights.weight.data),
-                  static_cast<const float*>(weights.scale.data),
-                  static_cast<const __nv_bfloat16*>(hidden.data), codes, token_scales,
-                  static_cast<__nv_bfloat16*>(out.data), static_cast<int>(n), static_cast<int>(k),
-                  static_cast<int>(tokens));
-    return;
-  }
   launch_kernel(quantize_tokens_kernel, dim3(static_cast<unsigned>(tokens)), kQuantThreads, 0,
                 stream, static_cast<const __nv_bfloat16*>(hidden.data), k, codes, token_scales);
+
+  if (stream_path(tokens, k)) {
+    launch_dependent_kernel(
+        project_stream_kernel, dim3(static_cast<unsigned>(ceil_div(n, kStreamRows))),
+        kStreamThreads, static_cast<int>(stream_smem_bytes(tokens, k)), stream,
+        static_cast<const std::uint8_t*>(weights.weight.data),
+        static_cast<const float*>(weights.scale.data), static_cast<const std::uint8_t*>(codes),
+        static_cast<const float*>(token_scales), static_cast<__nv_bfloat16*>(out.data),
+        static_cast<int>(n), static_cast<int>(k), static_cast<int>(tokens));
+    return;
+  }
 
   // Column-major view for cuBLASLt: D[n, T] = op(A) B with A the weight (K x n, K-major, so
   // transposed) and B the codes (K x T): D is the row-major [T, n] output. Scale A per row of
