@@ -154,7 +154,7 @@ if [ $sanitize = 1 ]; then
     # racecheck skips cuBLASLt's own GEMM kernels (nvjet_*, the projection's): it reported 3
     # hazards inside one of them on the H200 (session 8); ours are all checked.
     exclude=()
-    [ "$tool" = racecheck ] && exclude=(--exclude kns=nvjet)
+    [ "$tool" = racecheck ] && exclude=(--kernel-name-exclude kns=nvjet)
     for ((i = 0; i < sanitize_shards; i++)); do
       start "sanitizer_$tool.$i" env GTEST_TOTAL_SHARDS="$sanitize_shards" GTEST_SHARD_INDEX=$i \
         ${SANITIZE_FILTER:+GTEST_FILTER="$SANITIZE_FILTER"} \

@@ -17,22 +17,29 @@ namespace flashmsa::detail {
 // SM). A CTA has a fixed cost (union build, first-page latency, epilogue: about 11 us measured
 // on the H200) besides ~1.6 us per page, so fewer, longer CTAs win once the GPU is full.
 inline constexpr std::int64_t kAttentionDecodeTargetCtas = 132;
-// Query rows per decode CTA: 1 for dql = 1 (8 warps split each page's keys), else 4 (each row's
-// keys split between 2 warps).
-constexpr std::int64_t attention_decode_tile_rows(std::int64_t decode_query_len) {
-  return decode_query_len == 1 ? 1 : 4;
-}
-
 // The most splits of one row tile: they run as one cluster, and 8 CTAs is the portable cluster
 // size (one decode CTA per SM: a cluster of 8 fits in any of the H100 / H200's GPCs).
 inline constexpr std::int64_t kAttentionDecodeMaxSplits = 8;
+
+// Query rows per decode CTA: 1 (8 warps split each page's keys) for dql = 1, and for small
+// batches of speculative rows, whose 4-row tiles could not fill the GPU within a cluster's splits
+// (on the H200 the fp8 1 x 8K step at dql 4 took 36.6 us with 8 splits of its 4-row tiles,
+// against 33.0 us with 33 splits before splits were capped at a cluster); else 4 (a request's
+// speculative rows share their pages, each row's keys split between 2 warps).
+constexpr std::int64_t attention_decode_tile_rows(std::int64_t num_requests,
+                                                  std::int64_t decode_query_len,
+                                                  std::int64_t kv_heads) {
+  if (decode_query_len == 1) return 1;
+  const std::int64_t four_row_tiles = num_requests * ((decode_query_len + 3) / 4) * kv_heads;
+  return four_row_tiles * kAttentionDecodeMaxSplits >= kAttentionDecodeTargetCtas ? 4 : 1;
+}
 
 // Splits of each (request, row tile, kv head)'s selected pages: enough CTAs to fill the GPU,
 // at most one split per page a tile can select and at most a cluster's worth.
 constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
                                                std::int64_t decode_query_len, std::int64_t kv_heads,
                                                std::int64_t topk_width) {
-  const std::int64_t rows = attention_decode_tile_rows(decode_query_len);
+  const std::int64_t rows = attention_decode_tile_rows(num_requests, decode_query_len, kv_heads);
   const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
   const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
   const std::int64_t want = (kAttentionDecodeTargetCtas + ctas - 1) / ctas;

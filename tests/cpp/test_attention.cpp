@@ -77,7 +77,12 @@ TEST(Attention, DecodeSplitsFitOneCluster) {
   EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16), 5);   // 32 CTAs: 5 x 32 >= 132
   EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 3), 3);    // 3 pages at most
   EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16), 1);  // 256 CTAs: the GPU is full
-  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16), 8);   // a 4-row tile
+  // Speculative rows: 1-row tiles while 4-row tiles could not fill the GPU within 8 splits.
+  EXPECT_EQ(detail::attention_decode_tile_rows(1, 4, 4), 1);
+  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16), 8);  // 16 tiles want 9
+  EXPECT_EQ(detail::attention_decode_tile_rows(8, 4, 4), 4);
+  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16), 5);  // 32 tiles
+  EXPECT_EQ(detail::attention_decode_tile_rows(64, 1, 4), 1);
   for (std::int64_t b = 1; b <= 300; ++b) {
     for (std::int64_t dql = 1; dql <= 16; ++dql) {
       const std::int64_t s = detail::attention_decode_splits(b, dql, 4, 16);

@@ -26,8 +26,8 @@ __global__ void __launch_bounds__(kAttentionEmptyRowThreads)
   }
 }
 
-static_assert(detail::attention_decode_tile_rows(1) == AttentionDecode1Traits::kRows &&
-              detail::attention_decode_tile_rows(2) == AttentionDecodeSpecTraits::kRows);
+static_assert(AttentionDecode1Traits::kRows == 1 && AttentionDecodeSpecTraits::kRows == 4,
+              "attention_decode_tile_rows chooses between these two");
 
 namespace {
 
@@ -185,7 +185,7 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   p.splits = static_cast<std::int32_t>(
       detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width));
   if (num_requests == 0) return;
-  const std::int64_t tile_rows = detail::attention_decode_tile_rows(dql);
+  const std::int64_t tile_rows = detail::attention_decode_tile_rows(num_requests, dql, hkv);
   const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
                   static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
   if (tile_rows == 1) {
