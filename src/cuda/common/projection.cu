@@ -27,44 +27,11 @@ namespace {
 constexpr int kQuantThreads = 256;
 constexpr float kE4m3Max = 448.0f;
 
-// ---- Per-token E4M3 quantization (the CPU's quantize_row bit for bit) ------------------------
-// scale = max |x| / 448 (1 for an all-zero token, NaN with the codes zero for a token holding a
-// NaN or infinity, so that its outputs are NaN, as on the CPU), codes = e4m3_satfinite(x /
-// scale), rounded to nearest even.
-
-// Folds 8 bf16 values into a token's running max |x| and finiteness.
-__device__ __forceinline__ void scan_piece(const uint4& raw, float& amax, bool& finite) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(pairs[j]);
-    finite = finite && isfinite(f.x) && isfinite(f.y);
-    amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
-  }
-}
-
-__device__ __forceinline__ float token_scale(float amax, bool finite) {
-  return !finite ? __int_as_float(0x7fc00000) : amax > 0.0f ? amax / kE4m3Max : 1.0f;
-}
-
-// The E4M3 codes of 8 bf16 values, the first value in the lowest byte.
-__device__ __forceinline__ uint2 e4m3_codes(const uint4& raw, float scale, bool finite) {
-  const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
-  std::uint32_t word[2];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const float2 f = __bfloat1622float2(pairs[j]);
-    const std::uint32_t two = finite
-                                  ? __nv_cvt_float2_to_fp8x2(make_float2(f.x / scale, f.y / scale),
-                                                             __NV_SATFINITE, __NV_E4M3)
-                                  : 0u;
-    word[j / 2] = j % 2 == 0 ? two : word[j / 2] | (two << 16);
-  }
-  return make_uint2(word[0], word[1]);
-}
-
-// One CTA per token. The row is read twice; the second read comes from L1 / L2. The streaming
-// kernel after it (a programmatic dependent) may start at once: it reads the weight first.
+// One CTA per token: scale = max |x| / 448 (1 for an all-zero token, NaN with the codes zero for
+// a token holding a NaN or infinity, so that its outputs are NaN, as on the CPU), then codes =
+// e4m3_satfinite(x / scale), rounded to nearest even: the CPU's quantize_row bit for bit. The
+// row is read twice; the second read comes from L1 / L2. The streaming kernel after it (a
+// programmatic dependent) may start at once: it reads the weight first.
 __global__ void __launch_bounds__(kQuantThreads)
     quantize_tokens_kernel(const __nv_bfloat16* __restrict__ hidden, std::int64_t width,
                            std::uint8_t* __restrict__ codes, float* __restrict__ scales) {
@@ -74,8 +41,16 @@ __global__ void __launch_bounds__(kQuantThreads)
   const std::int64_t pieces = width / 8;  // 8 values per 16-byte piece
   float amax = 0.0f;
   bool finite = true;
-  for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads)
-    scan_piece(row[i], amax, finite);
+  for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
+    const uint4 raw = row[i];
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(pairs[j]);
+      finite = finite && isfinite(f.x) && isfinite(f.y);
+      amax = fmaxf(amax, fmaxf(fabsf(f.x), fabsf(f.y)));
+    }
+  }
   __shared__ float warp_amax[kQuantThreads / 32];
   __shared__ int warp_finite[kQuantThreads / 32];
 #pragma unroll
@@ -95,11 +70,24 @@ __global__ void __launch_bounds__(kQuantThreads)
     amax = fmaxf(amax, warp_amax[w]);
     finite = finite && warp_finite[w];
   }
-  const float scale = token_scale(amax, finite);
+  const float scale = !finite ? __int_as_float(0x7fc00000) : amax > 0.0f ? amax / kE4m3Max : 1.0f;
   if (threadIdx.x == 0) scales[token] = scale;
+
   auto* out = reinterpret_cast<uint2*>(codes + token * width);
   for (std::int64_t i = threadIdx.x; i < pieces; i += kQuantThreads) {
-    out[i] = e4m3_codes(row[i], scale, finite);
+    const uint4 raw = row[i];
+    const auto* pairs = reinterpret_cast<const __nv_bfloat162*>(&raw);
+    std::uint32_t word[2];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float2 f = __bfloat1622float2(pairs[j]);
+      const std::uint32_t two =
+          finite ? __nv_cvt_float2_to_fp8x2(make_float2(f.x / scale, f.y / scale), __NV_SATFINITE,
+                                            __NV_E4M3)
+                 : 0u;
+      word[j / 2] = j % 2 == 0 ? two : word[j / 2] | (two << 16);
+    }
+    out[i] = make_uint2(word[0], word[1]);
   }
 }
 
