@@ -5,9 +5,10 @@
 // page_pipeline.cuh. Per page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile
 // kWarpRows x kWarpCols), mask keys after each row's position, reduce each row to its block max
 // (rank order: NaN as -1e30) and write one fp32 per (index head, row, block). E4M3 keys scored by
-// E4M3 queries (the fp8 indexer) go straight from the page stage into fp8 tensor-core MMAs; other
-// E4M3 and NVFP4 keys are widened to bf16 in shared memory (exactly: both formats are subsets of
-// bf16) for the bf16 path.
+// E4M3 queries (the fp8 indexer) go straight from the page stage into fp8 tensor-core MMAs; NVFP4
+// keys on the decode tiles are widened in registers into the bf16 MMA's fragments (nvfp4_qk_page);
+// the other quantized keys are widened to bf16 in shared memory (exactly: every format is a subset
+// of bf16) for the bf16 path.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -25,11 +26,89 @@
 
 namespace flashmsa::cuda {
 
+// ---- NVFP4 keys widened in registers (the decode tiles) ---------------------------------------
+// Thread t of a quad (t = lane % 4) takes bytes [16 t, 16 t + 16) of its key's 64-byte code row,
+// i.e. dims 32 t .. 32 t + 31 (scale blocks 2 t and 2 t + 1), in one conflict-free 16-byte load.
+// Code word w of those four gives MMA k steps 2 w and 2 w + 1, its codes paired (j, j + 4) as
+// convert::e2m1_pair_to_bf16x2 widens them: step s = 2 w + h takes pairs j = 2 h (fragment
+// register b0) and 2 h + 1 (b1). So the MMA's k index kappa of step s holds dim
+// nvfp4_register_dim(s, kappa), and the query tile is stored in that order.
+__host__ __device__ constexpr int nvfp4_register_dim(int step, int kappa) {
+  const int t = (kappa % 8) / 2, high = kappa >= 8 ? 1 : 0, odd = kappa % 2;
+  return 32 * t + 8 * (step / 2) + 2 * (step % 2) + high + 4 * odd;
+}
+
+// Its inverse: the query tile column (16 step + kappa) that holds dim d.
+__host__ __device__ constexpr int nvfp4_register_column(int d) {
+  const int r = d % 8;
+  const int step = 2 * (d % 32 / 8) + r % 4 / 2, kappa = 2 * (d / 32) + 8 * (r % 2) + r / 4;
+  return 16 * step + kappa;
+}
+
+constexpr bool nvfp4_register_order_is_a_permutation() {
+  for (int c = 0; c < 128; ++c) {
+    if (nvfp4_register_column(nvfp4_register_dim(c / 16, c % 16)) != c) return false;
+  }
+  return true;
+}
+static_assert(nvfp4_register_order_is_a_permutation());
+
+// Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
+// scale pair (both halves one block's scale).
+template <int kH>
+__device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
+                                                 std::uint32_t& b0, std::uint32_t& b1) {
+  b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
+  b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
+}
+
+// S = Q K^T over all 128 dims for this warp's kNT x 8 keys from key0 of an NVFP4 raw stage.
+template <int kMT, int kNT>
+__device__ __forceinline__ void nvfp4_qk_page(float (&acc)[kMT][kNT][4], const std::byte* q_tile,
+                                              int row0, const std::byte* stage, int key0,
+                                              int lane) {
+  uint4 codes[kNT];
+  std::uint32_t scales[kNT][2];  // bf16x2 of block 2 t's scale, of block 2 t + 1's
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int key = key0 + nt * 8 + lane / 4;
+    codes[nt] = *reinterpret_cast<const uint4*>(stage + key * 64 + (lane % 4) * 16);
+    const std::uint32_t pair =
+        *reinterpret_cast<const std::uint16_t*>(stage + 128 * 64 + key * 8 + (lane % 4) * 2);
+    const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+    scales[nt][0] = convert::prmt(both, 0, 0x1010u);
+    scales[nt][1] = convert::prmt(both, 0, 0x3232u);
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      std::uint32_t a[kMT][4];
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        load_a_fragment(a[mt], q_tile, row0 + mt * 16, 2 * w + h, lane);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const std::uint32_t word = (&codes[nt].x)[w];
+        std::uint32_t b0, b1;
+        if (h == 0) {
+          nvfp4_b_fragment<0>(word, scales[nt][w / 2], b0, b1);
+        } else {
+          nvfp4_b_fragment<1>(word, scales[nt][w / 2], b0, b1);
+        }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
+      }
+    }
+  }
+}
+
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
     index_score_kernel(const __grid_constant__ IndexScoreParams p) {
   constexpr bool kFp8Mma = index_score_uses_fp8_mma<kFormat, kQueryFp8>();
-  constexpr bool kConvert = index_score_widens<kFormat, kQueryFp8>();
+  constexpr bool kConvert = index_score_widens_in_shared<Traits, kFormat, kQueryFp8>();
+  constexpr bool kRegisterCodes = index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
@@ -104,7 +183,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                                   offset);
         }
       }
-      reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
+      if constexpr (kRegisterCodes) {
+        // Each dim to the k position the register-widened keys hold it at.
+        const auto* dims = reinterpret_cast<const std::uint16_t*>(&value);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const int column = nvfp4_register_column(chunk * 8 + e);
+          reinterpret_cast<std::uint16_t*>(q_tile + swizzled_chunk(v, column / 8) *
+                                                        16)[column % 8] = dims[e];
+        }
+      } else {
+        reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
+      }
     }
   }
 
@@ -132,18 +222,23 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     if (page_ok) {
-      using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
-      // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
-      // made the prefill tile spill.
+      if constexpr (kRegisterCodes) {
+        nvfp4_qk_page(acc, q_tile, warp_m * Traits::kWarpRows, k_tile, warp_n * Traits::kWarpCols,
+                      lane);
+      } else {
+        using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
+        // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
+        // made the prefill tile spill.
 #pragma unroll(kFp8Mma ? 1 : 8)
-      for (int ks = 0; ks < 128 / kStepDims<MmaElem>; ++ks) {
-        std::uint32_t a[Traits::kMTiles][4];
+        for (int ks = 0; ks < 128 / kStepDims<MmaElem>; ++ks) {
+          std::uint32_t a[Traits::kMTiles][4];
 #pragma unroll
-        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-          load_a_fragment<MmaElem>(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+            load_a_fragment<MmaElem>(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+          }
+          qk_step<MmaElem, Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile,
+                                                             warp_n * Traits::kWarpCols, ks, lane);
         }
-        qk_step<MmaElem, Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile,
-                                                           warp_n * Traits::kWarpCols, ks, lane);
       }
     }
 

@@ -24,15 +24,28 @@ using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
 using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
 
 // E4M3 keys against E4M3 queries (the fp8 indexer) are multiplied as they are, on fp8 tensor
-// cores; every other pairing of a quantized cache is widened to bf16 first.
+// cores; every other pairing of a quantized cache is widened to bf16 first (below: where).
 template <KvFormat kFormat, bool kQueryFp8>
 constexpr bool index_score_uses_fp8_mma() {
   return kFormat == KvFormat::kE4m3 && kQueryFp8;
 }
 
-template <KvFormat kFormat, bool kQueryFp8>
-constexpr bool index_score_widens() {
-  return kFormat != KvFormat::kNative16 && !index_score_uses_fp8_mma<kFormat, kQueryFp8>();
+// NVFP4 keys against bf16 queries on the decode tiles (one row of warps, each warp its own keys):
+// every warp widens its keys' codes in registers straight into MMA fragments, the block scale
+// multiplied in (convert::e2m1_pair_to_bf16x2; exact: a code times an E4M3 scale has at most 6
+// significant bits). The prefill tile's four warp rows would each widen the same keys: it keeps
+// the shared-memory pass.
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr bool index_score_widens_in_registers() {
+  return kFormat == KvFormat::kNvfp4 && !kQueryFp8 && Traits::kWarpsM == 1;
+}
+
+// Every other pairing of a quantized cache without the fp8 MMA is widened to bf16 tiles in shared
+// memory first.
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr bool index_score_widens_in_shared() {
+  return kFormat != KvFormat::kNative16 && !index_score_uses_fp8_mma<kFormat, kQueryFp8>() &&
+         !index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
 }
 
 // (One ring depth for every format: fp8 pages with the bf16 ring's bytes, 6 stages and two CTAs
@@ -41,7 +54,7 @@ template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_smem_bytes() {
   return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() ? 128 : 256) +
          Traits::kStages * raw_plane_bytes<kFormat>() +
-         (index_score_widens<kFormat, kQueryFp8>() ? 128 * 256 : 0) +
+         (index_score_widens_in_shared<Traits, kFormat, kQueryFp8>() ? 128 * 256 : 0) +
          Traits::kWarpsN * Traits::kVectors * 4;
 }
 
