@@ -40,8 +40,13 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
   } else {
     // fp8 rows are stored swizzled (swizzled_byte_chunk: the fp8 tensor-core path reads them by
     // ldmatrix); NVFP4 rows as they are.
+    // (Fixed trip counts, straight-line copies: the per-page loop of the decode scoring is
+    // instruction-bound on small NVFP4 / fp8 pages.)
     constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
-    for (int i = threadIdx.x; i < 128 * kChunks; i += kThreads) {
+    static_assert(128 * kChunks % kThreads == 0);
+#pragma unroll
+    for (int r = 0; r < 128 * kChunks / kThreads; ++r) {
+      const int i = threadIdx.x + r * kThreads;
       const int token = i / kChunks, chunk = i % kChunks;
       const int at = kFormat == KvFormat::kNvfp4 ? i : swizzled_byte_chunk(token, chunk);
       cp_async_16_or_zero(dst + at * 16, base + token * src.token_stride + chunk * 16,
@@ -49,9 +54,14 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
     }
     if constexpr (kFormat == KvFormat::kNvfp4) {
       const std::byte* scale_rows = scales.row(page, head, 0);
-      for (int token = threadIdx.x; token < 128; token += kThreads) {
-        cp_async_8_or_zero(dst + 128 * 64 + token * 8, scale_rows + token * scales.token_stride,
-                           token < limit);
+      static_assert(128 % kThreads == 0 || kThreads % 128 == 0);
+#pragma unroll
+      for (int r = 0; r < (128 + kThreads - 1) / kThreads; ++r) {
+        const int token = threadIdx.x + r * kThreads;
+        if (token < 128) {
+          cp_async_8_or_zero(dst + 128 * 64 + token * 8, scale_rows + token * scales.token_stride,
+                             token < limit);
+        }
       }
     }
   }

@@ -268,17 +268,24 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
     __syncthreads();
-    for (int v = threadIdx.x; v < Traits::kVectors; v += Traits::kThreads) {
+    // One (row, index head) per thread: kVectors <= kThreads in every tile shape.
+    static_assert(Traits::kVectors <= Traits::kThreads);
+    if (const int v = threadIdx.x; v < Traits::kVectors) {
       const int row = v / hidx, head = v % hidx;
       const std::int64_t pos = tile.pos + row;
-      if (row >= tile.rows || pos < 0 || block > pos / 128) continue;
-      float m = partial_max[v];
-      for (int w = 1; w < Traits::kWarpsN; ++w) m = fmaxf(m, partial_max[w * Traits::kVectors + v]);
-      // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the CPU.
-      if (!page_ok || m == -1e30f) m = nan;
-      p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
-                   p.max_blocks +
-               block] = m;
+      if (row < tile.rows && pos >= 0 && block <= pos / 128) {
+        float m = partial_max[v];
+#pragma unroll
+        for (int w = 1; w < Traits::kWarpsN; ++w) {
+          m = fmaxf(m, partial_max[w * Traits::kVectors + v]);
+        }
+        // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
+        // CPU.
+        if (!page_ok || m == -1e30f) m = nan;
+        p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
+                     p.max_blocks +
+                 block] = m;
+      }
     }
   }
   allow_next_kernel();  // near the end: the top-k's CTAs launch while the last pages finish
