@@ -190,10 +190,14 @@ void report(const std::string& name, double value, const std::string& unit, doub
   std::fflush(stdout);
 }
 
-double g_hbm_tbps = 0, g_gemm_tflops = 0, g_fp8_gemm_tflops = 0;
+double g_hbm_tbps = 0, g_gemm_tflops = 0, g_fp8_gemm_tflops = 0, g_fp8_gemm_sustained_tflops = 0;
 
 // cuBLASLt E4M3 x E4M3 -> bf16 GEMM n^3 (the layout fp8 needs: A transposed, B not), fp32
-// accumulation, unit scales: the fp8 tensor-core ceiling of the same run.
+// accumulation, unit scales: the fp8 tensor-core ceiling of the same run. Timed two ways: in
+// bursts (each run alone, the GPU at its boost clock: the ceiling every fraction uses) and
+// sustained as time_graphs times the projection (20 runs back to back per timing), where the
+// H200's power limit lowers the clock: 1227 against 1408 TFLOP/s in session 10's measurement, so a
+// sustained rate over the burst ceiling mixes two clock states.
 void fp8_gemm_ceiling(int n) {
   DeviceArray<std::uint8_t> a(std::size_t(n) * n), b(std::size_t(n) * n);
   DeviceArray<std::uint16_t> c(std::size_t(n) * n);
@@ -224,10 +228,15 @@ void fp8_gemm_ceiling(int n) {
       cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &algo, &found));
   if (found == 0) throw std::runtime_error("cuBLASLt has no fp8 GEMM algorithm here");
   const float one = 1, zero = 0;
-  const Stat g = time_it(
+  auto run = [&] {
+    BENCH_CHECK_CUBLAS(cublasLtMatmul(lt, op, &one, a.ptr, la, b.ptr, lb, &zero, c.ptr, lc, c.ptr,
+                                      lc, &algo.algo, workspace.ptr, ws_bytes, 0));
+  };
+  const Stat g = time_it([&](int) { run(); }, 10);
+  constexpr int kBackToBack = 20;
+  const Stat sustained = time_it(
       [&](int) {
-        BENCH_CHECK_CUBLAS(cublasLtMatmul(lt, op, &one, a.ptr, la, b.ptr, lb, &zero, c.ptr, lc,
-                                          c.ptr, lc, &algo.algo, workspace.ptr, ws_bytes, 0));
+        for (int i = 0; i < kBackToBack; ++i) run();
       },
       10);
   cublasLtMatmulPreferenceDestroy(pref);
@@ -238,6 +247,10 @@ void fp8_gemm_ceiling(int n) {
   cublasLtDestroy(lt);
   g_fp8_gemm_tflops = 2.0 * n * n * n / g.median_s / 1e12;
   report("ceiling: cuBLASLt fp8 E4M3 GEMM 8192^3", g_fp8_gemm_tflops, "TFLOP/s", 1.0, g);
+  const Stat per_run{sustained.median_s / kBackToBack, sustained.cv};
+  g_fp8_gemm_sustained_tflops = 2.0 * n * n * n / per_run.median_s / 1e12;
+  report("cuBLASLt fp8 E4M3 GEMM 8192^3, sustained (20 back to back)", g_fp8_gemm_sustained_tflops,
+         "TFLOP/s", g_fp8_gemm_sustained_tflops / g_fp8_gemm_tflops, per_run);
 }
 
 void ceilings() {
@@ -1168,12 +1181,15 @@ nlohmann::ordered_json headline() {
   };
   // Issue 18: the whole layer (TP 1) at M3's hidden 6144; T = 1 also per TP-8 rank, and the
   // TP-1 weight's read time at the HBM ceiling (no T = 1 projection can beat it).
+  // The projection is timed sustained (time_graphs): its fraction of the sustained GEMM rate too.
   if (const auto* p = projection_point(1, 4096)) {
     h["projection_fp8_4096_tflops"] = p->tflops;
     h["projection_fp8_4096_ceiling_fraction"] = p->tflops / g_fp8_gemm_tflops;
+    h["projection_fp8_4096_sustained_ceiling_fraction"] = p->tflops / g_fp8_gemm_sustained_tflops;
   }
   if (const auto* p = projection_point(1, 16384)) {
     h["projection_fp8_16384_ceiling_fraction"] = p->tflops / g_fp8_gemm_tflops;
+    h["projection_fp8_16384_sustained_ceiling_fraction"] = p->tflops / g_fp8_gemm_sustained_tflops;
   }
   if (const auto* p = projection_point(1, 1)) {
     h["projection_fp8_T1_us"] = p->us;
@@ -1210,6 +1226,7 @@ void write_json(const char* path) {
             {"hbm_read_tbps", number(g_hbm_tbps)},
             {"bf16_gemm_tflops", number(g_gemm_tflops)},
             {"fp8_gemm_tflops", number(g_fp8_gemm_tflops)},
+            {"fp8_gemm_sustained_tflops", number(g_fp8_gemm_sustained_tflops)},
             {"headline", headline()},
             {"cases", cases}}
            .dump(2)
