@@ -405,7 +405,8 @@ enum class Widen {
   kE5m2F16,
   kE5m2Bf16Bits,
   kNvfp4F16Lut,
-  kNvfp4F16ScaledShift
+  kNvfp4F16ScaledShift,
+  kNvfp4Bf16PairShift
 };
 
 // Each thread widens 8 words of codes `iters` times; the words rotate by a byte each round and
@@ -438,8 +439,11 @@ __global__ void __launch_bounds__(256)
         std::uint32_t o[4];
         if constexpr (kWiden == Widen::kNvfp4F16Lut) {
           cv::e2m1x8_to_f16x2_lut(c[j], o);
-        } else {
+        } else if constexpr (kWiden == Widen::kNvfp4F16ScaledShift) {
           cv::e2m1x8_to_f16x2_scaled_shift(c[j], o);
+        } else {
+          o[0] = cv::e2m1_pair_to_bf16x2<0>(c[j]), o[1] = cv::e2m1_pair_to_bf16x2<1>(c[j]);
+          o[2] = cv::e2m1_pair_to_bf16x2<2>(c[j]), o[3] = cv::e2m1_pair_to_bf16x2<3>(c[j]);
         }
         acc ^= o[0] ^ o[1] ^ o[2] ^ o[3];
       }
@@ -479,6 +483,8 @@ void bench_convert(const std::uint8_t* random, std::uint32_t* sink) {
   run(convert_kernel<Widen::kNvfp4F16Lut>, "NVFP4 E2M1 -> f16x2, prmt lookup + signs", 8, "nvfp4");
   run(convert_kernel<Widen::kNvfp4F16ScaledShift>,
       "NVFP4 E2M1 -> f16x2 * 2^-14, shifts (k order permuted)", 8, "nvfp4");
+  run(convert_kernel<Widen::kNvfp4Bf16PairShift>,
+      "NVFP4 E2M1 -> bf16x2, pairs (j, j+4) shifted + mul 2^126 (k order permuted)", 8, "nvfp4");
 }
 
 __global__ void fill_random_kernel(std::uint32_t* p, std::size_t n) {
