@@ -18,6 +18,7 @@ GRID = re.compile(r"decode grid (\w+) (\d+)x(\d+)K dql(\d+): (.+)")
 PREFILL = re.compile(r"(prefill \d+K \+ \d+K), (coherent|random): (.+)")
 CASE = re.compile(r"case (\w+)(?: \(w \d+\))?, (coherent|random): (.+)")
 PAGES = re.compile(r"attention \(([\d.]+) pages/64 rows\)")
+PROJECTION = re.compile(r"projection fp8 TP(\d+) \((\d+) x 6144\), T (\d+)(, sustained)?$")
 
 
 def load(path):
@@ -133,6 +134,30 @@ def summary(cuda, sdpa, weights):
             if pairs and all(t for _, t in pairs):
                 mean = sum(w * t for w, t in pairs) / sum(w for w, _ in pairs)
                 out.append(f"| dense SDPA {backend}: weighted mean time | - | {mean * 1e3:.3g} |")
+        out.append("")
+
+    projection = {}
+    for c in cuda["cases"]:
+        m = PROJECTION.match(c["name"])
+        if m:
+            projection.setdefault((int(m.group(1)), int(m.group(2)), int(m.group(3))), {})[
+                "sustained" if m.group(4) else "run"] = c
+    if projection:
+        out += ["## Fused FP8 Q/K/V + index projection (hidden 6144, quantization included)", "",
+                "The fp8 ceiling is timed in bursts (each run alone); the sustained one 20 runs "
+                "back to back. Since 8ea6d96 the rows of T >= 4096 are timed both ways, each "
+                "against its own ceiling; earlier results timed every row back to back.", "",
+                "| TP | output channels | T | us | TFLOP/s | % of fp8 ceiling | sustained TFLOP/s "
+                "| % of sustained ceiling |", "|---|---|---|---|---|---|---|---|"]
+        for (tp, n, t), parts in sorted(projection.items()):
+            run, sus = parts.get("run"), parts.get("sustained")
+            if not run:
+                continue
+            row = (f"| {tp} | {n} | {t} | {run['median_us']:.1f} | {run['value']:.1f} | "
+                   f"{100 * run['fraction_of_ceiling']:.1f}% |")
+            row += (f" {sus['value']:.1f} | {100 * sus['fraction_of_ceiling']:.1f}% |" if sus
+                    else " - | - |")
+            out.append(row)
         out.append("")
     return "\n".join(out) + "\n"
 
