@@ -75,10 +75,11 @@ Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
   return summarize(std::move(t));
 }
 
-// Per-step time of `graphs` replayed round-robin (page sets rotated beyond the L2): at least 20
-// replays back to back per timing, 3 warm-up timings, median of 10.
-Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream) {
-  const int steps = static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
+// Per-step time of `graphs` replayed round-robin (page sets rotated beyond the L2): `steps`
+// replays back to back per timing (default: at least 20; 1: each replay alone, as time_it times
+// the ceilings), 3 warm-up timings, median of 10.
+Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream, int steps = 0) {
+  if (steps == 0) steps = static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
   cudaEvent_t a, z;
   FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
   FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
@@ -92,27 +93,6 @@ Stat time_graphs(const std::vector<cudaGraphExec_t>& graphs, cudaStream_t stream
     float ms;
     FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
     if (rep >= 3) t.push_back(ms * 1e-3 / steps);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(z);
-  return summarize(std::move(t));
-}
-
-// One graph's time, each replay alone on `stream` (synchronised after it): 3 warm-up replays,
-// median of 10, as time_it times the ceilings.
-Stat time_graph_alone(cudaGraphExec_t graph, cudaStream_t stream) {
-  cudaEvent_t a, z;
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
-  FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
-  std::vector<double> t;
-  for (int rep = 0; rep < 13; ++rep) {
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
-    FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graph, stream));
-    FLASHMSA_CHECK_CUDA(cudaEventRecord(z, stream));
-    FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
-    float ms;
-    FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
-    if (rep >= 3) t.push_back(ms * 1e-3);
   }
   cudaEventDestroy(a);
   cudaEventDestroy(z);
@@ -1144,7 +1124,7 @@ void projection() {
         // 16384 x 9856 x 6144 read 1116 TFLOP/s there against 1366, fp8_clock_study.txt).
         FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
         std::this_thread::sleep_for(std::chrono::seconds(1));
-        const Stat burst = time_graph_alone(graphs[0], stream);
+        const Stat burst = time_graphs(graphs, stream, 1);
         const Stat sustained = time_graphs(graphs, stream);
         point.us = burst.median_s * 1e6;
         point.tflops = flops / burst.median_s / 1e12;
