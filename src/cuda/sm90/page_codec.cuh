@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "src/cuda/common/device_plane.hpp"
 #include "src/cuda/common/device_utils.cuh"
@@ -78,6 +79,33 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
     const int plane = kPlanes == 1 ? 0 : i / 1024;
     const int token = kPlanes == 1 ? i / 8 : (i / 8) % 128, group = i % 8;
     const std::byte* raw = stage + plane * raw_plane_bytes<kFormat>();
+    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
+    if constexpr (kFormat == KvFormat::kNvfp4 && std::is_same_v<Elem, __nv_bfloat16>) {
+      // bf16 tiles: each pair of codes (j, j + 4) of a word straight to bf16x2
+      // (convert::e2m1_pair_to_bf16x2), times the scale in bf16 (exact: <= 6 significant bits),
+      // then byte permutes back to the natural order.
+      const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
+      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
+      const std::uint32_t scale = convert::prmt(convert::e4m3x2_to_bf16x2_cvt(scale_code, 0), 0,
+                                                0x1010u);  // (scale, scale)
+      uint4 out[2];
+      auto* o = reinterpret_cast<std::uint32_t*>(out);
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        const std::uint32_t word = w == 0 ? codes.x : codes.y;
+        const std::uint32_t p0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<0>(word), scale);
+        const std::uint32_t p1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<1>(word), scale);
+        const std::uint32_t p2 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2>(word), scale);
+        const std::uint32_t p3 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<3>(word), scale);
+        o[4 * w + 0] = convert::prmt(p0, p1, 0x5410u);  // elements 0, 1
+        o[4 * w + 1] = convert::prmt(p2, p3, 0x5410u);  // 2, 3
+        o[4 * w + 2] = convert::prmt(p0, p1, 0x7632u);  // 4, 5
+        o[4 * w + 3] = convert::prmt(p2, p3, 0x7632u);  // 6, 7
+      }
+      dst[swizzled_chunk(token, 2 * group)] = out[0];
+      dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
+      continue;
+    }
     float x[16];
     if constexpr (kFormat == KvFormat::kNvfp4) {
       const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
@@ -107,7 +135,6 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
     uint4 out[2];
     auto* o = reinterpret_cast<std::uint32_t*>(out);
     for (int j = 0; j < 8; ++j) o[j] = pack2<Elem>(x[2 * j], x[2 * j + 1]);
-    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
     dst[swizzled_chunk(token, 2 * group)] = out[0];
     dst[swizzled_chunk(token, 2 * group + 1)] = out[1];
   }
