@@ -9,7 +9,8 @@
 // rounded to the MMA type (bf16 or fp16) for P V, as the spec allows. A warp whose row did not
 // select a page skips it, so random selections cost loads but no wasted MMAs, and coherent
 // selections (neighbouring rows picking the same pages) share them. E4M3 / E5M2 / NVFP4 pages are
-// widened exactly to the 16-bit MMA type in shared memory.
+// widened exactly to the 16-bit MMA type in shared memory; on 1-row tiles with bf16 queries only
+// V is, each warp converting its own keys' K codes in registers (register_keys.cuh).
 //
 // The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
 // fp32 / MXFP8 and the log-sum-exp). Decode with several splits runs the splits of a row tile as
@@ -32,6 +33,7 @@
 #include "src/cuda/sm90/attention/epilogue.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
+#include "src/cuda/sm90/register_keys.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
 #include "src/cuda/sm90/warp_mma.cuh"
 
@@ -44,6 +46,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
     attention_kernel(const __grid_constant__ AttentionParams p) {
   using namespace attention_detail;  // the epilogue's pieces
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
+  // 1-row tiles (decode, dql 1) of a quantized cache with bf16 queries: each warp converts its
+  // own keys' K codes in registers (register_keys.cuh; no other warp needs them), only V is
+  // widened in shared memory.
+  constexpr bool kRegisterK = kWiden && Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16>;
   constexpr int kStageBytes = kv_raw_page_bytes<kFormat>();
   constexpr int kStages = attention_stages<Traits, kFormat>();
   extern __shared__ __align__(128) std::byte smem[];
@@ -188,7 +194,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
   std::uint32_t qf[8][1][4];  // the row's queries as A fragments, one per 16 dims
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
+  for (int ks = 0; ks < 8; ++ks) {
+    if constexpr (kRegisterK) {
+      load_a_fragment_permuted<kFormat>(qf[ks][0], q_tile, warp_row * 16, ks, lane);
+    } else {
+      load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
+    }
+  }
   float o[16][4];
 #pragma unroll
   for (auto& n : o) {
@@ -201,7 +213,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
     if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
     fill(e + kStages - 1);
     const std::byte* tiles = ring.stage(e - begin);
-    if constexpr (kWiden) {
+    const std::byte* k_raw = tiles;  // kRegisterK: the K plane as it came
+    if constexpr (kRegisterK) {
+      if (entry_page(e) >= 0) {
+        widen_planes<Traits::kThreads, kFormat, Elem, 1>(tiles + raw_plane_bytes<kFormat>(),
+                                                         widened + 128 * 256);
+      }
+      __syncthreads();
+      tiles = widened;
+    } else if constexpr (kWiden) {
       if (entry_page(e) >= 0) widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened);
       __syncthreads();
       tiles = widened;
@@ -220,8 +240,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
       for (auto& n : scores[0]) {
         for (float& x : n) x = 0.0f;
       }
+      if constexpr (kRegisterK) {
+        register_qk<kFormat, kNT>(scores[0], qf, k_raw, key0, lane);
+      } else {
 #pragma unroll
-      for (int ks = 0; ks < 8; ++ks) qk_step<Elem, 1, kNT>(scores, qf[ks], k_tile, key0, ks, lane);
+        for (int ks = 0; ks < 8; ++ks) {
+          qk_step<Elem, 1, kNT>(scores, qf[ks], k_tile, key0, ks, lane);
+        }
+      }
       auto& s = scores[0];
       const bool all_visible = first_key + key0 + Traits::kChunkKeys - 1 <= my_pos;
 #pragma unroll

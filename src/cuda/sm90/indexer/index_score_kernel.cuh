@@ -21,47 +21,13 @@
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/page_codec.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
+#include "src/cuda/sm90/register_keys.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
 #include "src/cuda/sm90/warp_mma.cuh"
 
 namespace flashmsa::cuda {
 
-// ---- NVFP4 keys widened in registers (the decode tiles) ---------------------------------------
-// Thread t of a quad (t = lane % 4) takes bytes [16 t, 16 t + 16) of its key's 64-byte code row,
-// i.e. dims 32 t .. 32 t + 31 (scale blocks 2 t and 2 t + 1), in one conflict-free 16-byte load.
-// Code word w of those four gives MMA k steps 2 w and 2 w + 1, its codes paired (j, j + 4) as
-// convert::e2m1_pair_to_bf16x2 widens them: step s = 2 w + h takes pairs j = 2 h (fragment
-// register b0) and 2 h + 1 (b1). So the MMA's k index kappa of step s holds dim
-// nvfp4_register_dim(s, kappa), and the query tile is stored in that order.
-__host__ __device__ constexpr int nvfp4_register_dim(int step, int kappa) {
-  const int t = (kappa % 8) / 2, high = kappa >= 8 ? 1 : 0, odd = kappa % 2;
-  return 32 * t + 8 * (step / 2) + 2 * (step % 2) + high + 4 * odd;
-}
-
-// Its inverse: the query tile column (16 step + kappa) that holds dim d.
-__host__ __device__ constexpr int nvfp4_register_column(int d) {
-  const int r = d % 8;
-  const int step = 2 * (d % 32 / 8) + r % 4 / 2, kappa = 2 * (d / 32) + 8 * (r % 2) + r / 4;
-  return 16 * step + kappa;
-}
-
-constexpr bool nvfp4_register_order_is_a_permutation() {
-  for (int c = 0; c < 128; ++c) {
-    if (nvfp4_register_column(nvfp4_register_dim(c / 16, c % 16)) != c) return false;
-  }
-  return true;
-}
-static_assert(nvfp4_register_order_is_a_permutation());
-
-// Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
-// scale pair (both halves one block's scale).
-template <int kH>
-__device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
-                                                 std::uint32_t& b0, std::uint32_t& b1) {
-  b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
-  b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
-}
-
+// ---- NVFP4 keys widened in registers (the decode tiles; register_keys.cuh) ----------------
 // S = Q K^T over all 128 dims for this warp's kNT x 8 keys from key0 of an NVFP4 raw stage.
 template <int kMT, int kNT>
 __device__ __forceinline__ void nvfp4_qk_page(float (&acc)[kMT][kNT][4], const std::byte* q_tile,

@@ -1,0 +1,153 @@
+// Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16), for the
+// kernels whose warps each convert keys no other warp converts (the decode index scoring, the
+// 1-row decode attention): no shared-memory widening pass, no widening barrier. The k order inside
+// each MMA step is permuted so that a thread's codes come from one contiguous, conflict-free
+// shared-memory read; the query side is stored (or gathered) in the same order: a dot product
+// does not depend on its order.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/convert.cuh"
+#include "src/cuda/sm90/kv_format.hpp"
+#include "src/cuda/sm90/warp_mma.cuh"
+
+namespace flashmsa::cuda {
+
+// ---- NVFP4 ----
+// Thread t of a quad (t = lane % 4) takes bytes [16 t, 16 t + 16) of its key's 64-byte code row,
+// i.e. dims 32 t .. 32 t + 31 (scale blocks 2 t and 2 t + 1), in one conflict-free 16-byte load.
+// Code word w of those four gives MMA k steps 2 w and 2 w + 1, its codes paired (j, j + 4) as
+// convert::e2m1_pair_to_bf16x2 widens them: step s = 2 w + h takes pairs j = 2 h (fragment
+// register b0) and 2 h + 1 (b1). So the MMA's k index kappa of step s holds dim
+// nvfp4_register_dim(s, kappa), and the query tile is stored in that order.
+__host__ __device__ constexpr int nvfp4_register_dim(int step, int kappa) {
+  const int t = (kappa % 8) / 2, high = kappa >= 8 ? 1 : 0, odd = kappa % 2;
+  return 32 * t + 8 * (step / 2) + 2 * (step % 2) + high + 4 * odd;
+}
+
+// Its inverse: the query tile column (16 step + kappa) that holds dim d.
+__host__ __device__ constexpr int nvfp4_register_column(int d) {
+  const int r = d % 8;
+  const int step = 2 * (d % 32 / 8) + r % 4 / 2, kappa = 2 * (d / 32) + 8 * (r % 2) + r / 4;
+  return 16 * step + kappa;
+}
+
+constexpr bool nvfp4_register_order_is_a_permutation() {
+  for (int c = 0; c < 128; ++c) {
+    if (nvfp4_register_column(nvfp4_register_dim(c / 16, c % 16)) != c) return false;
+  }
+  return true;
+}
+static_assert(nvfp4_register_order_is_a_permutation());
+
+// Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
+// scale pair (both halves one block's scale).
+template <int kH>
+__device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
+                                                 std::uint32_t& b0, std::uint32_t& b1) {
+  b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
+  b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
+}
+
+// ---- E4M3 / E5M2 ----
+// Thread t of a quad takes bytes [32 t, 32 t + 32) of its key's 128-byte code row (two 16-byte
+// chunks of load_raw_plane's swizzled fp8 layout), i.e. dims 32 t .. 32 t + 31; code word s of
+// those eight gives MMA k step s: codes 0, 1 as b0, codes 2, 3 as b1.
+__host__ __device__ constexpr int fp8_register_dim(int step, int kappa) {
+  const int t = (kappa % 8) / 2, high = kappa >= 8 ? 1 : 0, odd = kappa % 2;
+  return 32 * t + 4 * step + 2 * high + odd;
+}
+
+template <KvFormat kFormat>
+__host__ __device__ constexpr int register_dim(int step, int kappa) {
+  return kFormat == KvFormat::kNvfp4 ? nvfp4_register_dim(step, kappa)
+                                     : fp8_register_dim(step, kappa);
+}
+
+template <KvFormat kFormat>
+constexpr bool register_order_is_a_permutation() {
+  bool seen[128] = {};
+  for (int c = 0; c < 128; ++c) {
+    const int d = register_dim<kFormat>(c / 16, c % 16);
+    if (d < 0 || d >= 128 || seen[d]) return false;
+    seen[d] = true;
+  }
+  return true;
+}
+static_assert(register_order_is_a_permutation<KvFormat::kE4m3>());
+
+// The A fragment (16 query rows x k step `step`, bf16) gathered from a swizzled 16-bit tile in
+// register_dim's k order: the permuted counterpart of load_a_fragment. Register r holds rows
+// lane / 4 (+ 8 for r odd) and k indices 2 (lane % 4) (+ 8 for r >= 2), + {0, 1}.
+template <KvFormat kFormat>
+__device__ __forceinline__ void load_a_fragment_permuted(std::uint32_t (&a)[4],
+                                                         const std::byte* tile, int row0, int step,
+                                                         int lane) {
+  const auto element = [&](int row, int dim) {
+    return static_cast<std::uint32_t>(*reinterpret_cast<const std::uint16_t*>(
+        tile + swizzled_chunk(row, dim / 8) * 16 + (dim % 8) * 2));
+  };
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    const int row = row0 + lane / 4 + 8 * (r % 2);
+    const int kappa = 2 * (lane % 4) + 8 * (r / 2);
+    a[r] = element(row, register_dim<kFormat>(step, kappa)) |
+           element(row, register_dim<kFormat>(step, kappa + 1)) << 16;
+  }
+}
+
+// S += Q K^T over all 128 dims for kNT x 8 keys from key0 of a raw K plane (load_raw_plane's
+// layout), q[s][0] the permuted A fragment of step s (load_a_fragment_permuted).
+template <KvFormat kFormat, int kNT>
+__device__ __forceinline__ void register_qk(float (&acc)[kNT][4], const std::uint32_t (&q)[8][1][4],
+                                            const std::byte* plane, int key0, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < kNT; ++nt) {
+    const int key = key0 + nt * 8 + lane / 4;
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      const uint4 codes = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
+      const std::uint32_t pair =
+          *reinterpret_cast<const std::uint16_t*>(plane + 128 * 64 + key * 8 + (lane % 4) * 2);
+      const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+      const std::uint32_t scales[2] = {convert::prmt(both, 0, 0x1010u),
+                                       convert::prmt(both, 0, 0x3232u)};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        const std::uint32_t word = (&codes.x)[w];
+        std::uint32_t b0, b1;
+        nvfp4_b_fragment<0>(word, scales[w / 2], b0, b1);
+        mma_bf16_16816(acc[nt], q[2 * w][0], b0, b1);
+        nvfp4_b_fragment<1>(word, scales[w / 2], b0, b1);
+        mma_bf16_16816(acc[nt], q[2 * w + 1][0], b0, b1);
+      }
+    } else {
+      static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+      uint4 codes[2];
+#pragma unroll
+      for (int c = 0; c < 2; ++c) {
+        codes[c] = *reinterpret_cast<const uint4*>(
+            plane + swizzled_byte_chunk(key, 2 * (lane % 4) + c) * 16);
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const std::uint32_t word = (&codes[s / 4].x)[s % 4];
+        std::uint32_t b0, b1;
+        if constexpr (kFormat == KvFormat::kE4m3) {
+          b0 = convert::e4m3x2_to_bf16x2_cvt(word, 0);
+          b1 = convert::e4m3x2_to_bf16x2_cvt(word, 1);
+        } else {
+          b0 = convert::e5m2x2_to_bf16x2_bits(word, 0);
+          b1 = convert::e5m2x2_to_bf16x2_bits(word, 1);
+        }
+        mma_bf16_16816(acc[nt], q[s][0], b0, b1);
+      }
+    }
+  }
+}
+
+}  // namespace flashmsa::cuda
