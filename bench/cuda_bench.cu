@@ -5,7 +5,8 @@
 // a warm cache.
 //
 //   flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING[,SUBSTRING...]] [--cases JSONL]
-//                       [--quick-grid]
+//                       [--quick-grid] [--grid-point KIND,BATCH,CONTEXT,DQL]
+//   --grid-point runs one point of the decode grid (e.g. fp8,64,32768,4), to profile it alone.
 //   (see scripts/bench.sh)
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -803,6 +804,13 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
 // --quick-grid: the corners a no-regression check needs (1 and 64 requests, 8K and 32K, dql 1
 // and 4, every cache kind) instead of the whole grid.
 bool g_quick_grid = false;
+// --grid-point: the one decode-grid point to run (kind empty: the whole grid).
+struct GridPoint {
+  std::string kind;
+  std::int64_t batch = 0, len = 0;
+  int dql = 0;
+};
+GridPoint g_grid_point;
 
 // Every measured decode-grid step, for the headline floors of issue 16 (write_json).
 struct DecodePoint {
@@ -827,6 +835,11 @@ void decode_grid() {
             4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
         if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
         for (int dql : {1, 4}) {
+          const GridPoint& only = g_grid_point;
+          if (!only.kind.empty() &&
+              (only.kind != kind.name || only.batch != b || only.len != len || only.dql != dql)) {
+            continue;
+          }
           const DecodeTimes t = run_decode(kind, b, len, dql);
           g_decode_points.push_back(
               {kind.name, b, len, dql, t.step.median_s * 1e6, static_cast<double>(t.step_bytes)});
@@ -1290,10 +1303,22 @@ int main(int argc, char** argv) {
       cases_path = argv[++i];
     } else if (std::strcmp(argv[i], "--quick-grid") == 0) {
       g_quick_grid = true;
+    } else if (std::strcmp(argv[i], "--grid-point") == 0 && i + 1 < argc) {
+      char kind[16];
+      long long b = 0, len = 0;
+      int dql = 0;
+      if (std::sscanf(argv[++i], "%15[a-z0-9],%lld,%lld,%d", kind, &b, &len, &dql) != 4) {
+        std::fprintf(stderr,
+                     "--grid-point: expected KIND,BATCH,CONTEXT,DQL (e.g. fp8,64,32768,4), "
+                     "got %s\n",
+                     argv[i]);
+        return 2;
+      }
+      g_grid_point = {kind, b, len, dql};
     } else {
       std::fprintf(stderr,
                    "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL] "
-                   "[--quick-grid]\n");
+                   "[--quick-grid] [--grid-point KIND,BATCH,CONTEXT,DQL]\n");
       return 2;
     }
   }
