@@ -6,7 +6,8 @@
 //
 //   flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING[,SUBSTRING...]] [--cases JSONL]
 //                       [--quick-grid] [--grid-point KIND,BATCH,CONTEXT,DQL]
-//   --grid-point runs one point of the decode grid (e.g. fp8,64,32768,4), to profile it alone.
+//   --grid-point runs only the given points of the decode grid (e.g. fp8,64,32768,4; repeatable),
+//   to profile or check a few alone.
 //   (see scripts/bench.sh)
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -804,13 +805,13 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
 // --quick-grid: the corners a no-regression check needs (1 and 64 requests, 8K and 32K, dql 1
 // and 4, every cache kind) instead of the whole grid.
 bool g_quick_grid = false;
-// --grid-point: the one decode-grid point to run (kind empty: the whole grid).
+// --grid-point (repeatable): the decode-grid points to run (none given: the whole grid).
 struct GridPoint {
   std::string kind;
   std::int64_t batch = 0, len = 0;
   int dql = 0;
 };
-GridPoint g_grid_point;
+std::vector<GridPoint> g_grid_points;
 
 // Every measured decode-grid step, for the headline floors of issue 16 (write_json).
 struct DecodePoint {
@@ -835,9 +836,11 @@ void decode_grid() {
             4 * kv_token_bytes(kind.kv) + index_token_bytes(kind.index);
         if (b * len * token_bytes > (std::int64_t{90} << 30)) continue;  // beyond the H200's HBM
         for (int dql : {1, 4}) {
-          const GridPoint& only = g_grid_point;
-          if (!only.kind.empty() &&
-              (only.kind != kind.name || only.batch != b || only.len != len || only.dql != dql)) {
+          const auto chosen = [&](const GridPoint& g) {
+            return g.kind == kind.name && g.batch == b && g.len == len && g.dql == dql;
+          };
+          if (!g_grid_points.empty() &&
+              std::none_of(g_grid_points.begin(), g_grid_points.end(), chosen)) {
             continue;
           }
           const DecodeTimes t = run_decode(kind, b, len, dql);
@@ -1314,7 +1317,7 @@ int main(int argc, char** argv) {
                      argv[i]);
         return 2;
       }
-      g_grid_point = {kind, b, len, dql};
+      g_grid_points.push_back({kind, b, len, dql});
     } else {
       std::fprintf(stderr,
                    "usage: flashmsa_cuda_bench [--json FILE] [--filter SUBSTRING] [--cases JSONL] "
