@@ -124,6 +124,20 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 __device__ __forceinline__ float rank_key(float s) {
   return s != s ? -1e30f : (s == 0.0f ? 0.0f : s);
 }
+// The largest rank key of the values added, in two min/max instructions a value instead of
+// rank_key's compares: the maximum of the non-NaN values (fmaxf drops NaN) and a NaN-propagating
+// maximum that only says whether a NaN was seen (it ranks as -1e30).
+struct RankMax {
+  float numbers = -INFINITY, any = -INFINITY;
+  __device__ __forceinline__ void add(float x) {
+    numbers = fmaxf(numbers, x);
+    asm("max.NaN.f32 %0, %0, %1;" : "+f"(any) : "f"(x));
+  }
+  __device__ __forceinline__ float key() const {
+    const float m = any != any ? fmaxf(numbers, -1e30f) : numbers;
+    return m == 0.0f ? 0.0f : m;  // -0.0 ranks as +0.0
+  }
+};
 // An unsigned integer that orders like the (finite or infinite, non-NaN) float key.
 __device__ __forceinline__ std::uint32_t orderable_bits(float key) {
   const std::uint32_t u = __float_as_uint(key);

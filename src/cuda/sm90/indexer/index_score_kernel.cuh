@@ -217,17 +217,22 @@ __global__ void __launch_bounds__(Traits::kThreads)
       for (int half = 0; half < 2; ++half) {
         const int v = warp_m * Traits::kWarpRows + mt * 16 + lane / 4 + 8 * half;
         const std::int64_t pos = tile.pos + v / hidx;
-        float m = -INFINITY;
+        // Decode tiles: the row's last visible key of the page as a 32-bit bound, one compare a
+        // key (on the prefill tile the bound made the E4M3 instance spill).
+        const int last_key =
+            all_visible ? 127 : static_cast<int>(max64(-1, min64(127, pos - first_key)));
+        RankMax best;
 #pragma unroll
         for (int nt = 0; nt < Traits::kNTiles; ++nt) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
             const int key = warp_n * Traits::kWarpCols + nt * 8 + 2 * (lane % 4) + c;
-            if (all_visible || first_key + key <= pos) {
-              m = fmaxf(m, rank_key(acc[mt][nt][2 * half + c]));
-            }
+            const bool visible =
+                Traits::kWarpsM == 1 ? key <= last_key : all_visible || first_key + key <= pos;
+            if (visible) best.add(acc[mt][nt][2 * half + c]);
           }
         }
+        float m = best.key();
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (lane % 4 == 0) partial_max[warp_n * Traits::kVectors + v] = m;
