@@ -68,6 +68,26 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
   }
 }
 
+// One warp's share of an E4M3 / E5M2 plane: the kRows token rows from token0 of (page, head), in
+// load_raw_plane's swizzled layout with row token0 as row 0 (the swizzle depends on the row mod 8:
+// token0 is a multiple of 8, so the codes sit where load_raw_plane puts them, modulo the offset).
+// Rows at or after `limit` (counted from token0) are zero-filled without being read.
+template <int kRows, KvFormat kFormat>
+__device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src, std::int64_t page,
+                                                   int head, int token0, int limit, std::byte* dst,
+                                                   int lane) {
+  static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  static_assert(kRows * kByteRowChunks % 32 == 0);
+  const std::byte* base = src.row(page, head, token0);
+#pragma unroll
+  for (int r = 0; r < kRows * kByteRowChunks / 32; ++r) {
+    const int i = lane + 32 * r;
+    const int token = i / kByteRowChunks, chunk = i % kByteRowChunks;
+    cp_async_16_or_zero(dst + swizzled_byte_chunk(token, chunk) * 16,
+                        base + token * src.token_stride + chunk * 16, token < limit);
+  }
+}
+
 // Widens kPlanes consecutive raw planes of a stage into as many swizzled 16-bit tiles (128 x 256
 // bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in
 // bf16 and in fp16. Work unit: 16 elements of one token.

@@ -10,7 +10,8 @@
 //                      is on the barrier's phase parity. The part the TMA rewrites build on
 //                      (hopper_microbench.cu measures its bandwidth against cp.async).
 //
-// For pages 0, 1, ... of a sequence, with the whole CTA as producer and consumer:
+// For pages 0, 1, ... of a sequence, with the whole CTA (or, RingScope::kWarp, one warp) as
+// producer and consumer:
 //   ring.fill(0 .. kStages - 2, ...)          prologue
 //   for each page i:
 //     ring.wait(i);                           page i is in shared memory, visible to every thread;
@@ -70,7 +71,11 @@ __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* glob
 
 // ---- The rings --------------------------------------------------------------------------------
 
-template <int kStages_, int kStageBytes_>
+// Who fills and reads a CpAsyncPageRing's stages: the whole CTA (a CTA barrier a page), or one
+// warp that owns its ring (a warp barrier: warps of a CTA move through their pages independently).
+enum class RingScope { kCta, kWarp };
+
+template <int kStages_, int kStageBytes_, RingScope kScope = RingScope::kCta>
 struct CpAsyncPageRing {
   static constexpr int kStages = kStages_, kStageBytes = kStageBytes_;
   static_assert(kStages >= 2, "a ring fills one page while the CTA computes on another");
@@ -88,7 +93,11 @@ struct CpAsyncPageRing {
   // any group committed before the ring's first page) have landed.
   __device__ void wait(int) const {
     cp_async_wait<kStages - 2>();
-    __syncthreads();
+    if constexpr (kScope == RingScope::kCta) {
+      __syncthreads();
+    } else {
+      __syncwarp();
+    }
   }
   __device__ void drain() const { cp_async_wait<0>(); }
 };

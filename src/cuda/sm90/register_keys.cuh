@@ -1,6 +1,7 @@
 // Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16), for the
 // kernels whose warps each convert keys no other warp converts (the decode index scoring, the
-// 1-row decode attention): no shared-memory widening pass, no widening barrier. The k order inside
+// 1-row decode attention), and fp8 values into P V's (f16): no shared-memory widening pass, no
+// widening barrier. The k order inside
 // each MMA step is permuted so that a thread's codes come from one contiguous, conflict-free
 // shared-memory read; the query side is stored (or gathered) in the same order: a dot product
 // does not depend on its order.
@@ -81,35 +82,40 @@ constexpr bool register_order_is_a_permutation() {
 }
 static_assert(register_order_is_a_permutation<KvFormat::kE4m3>());
 
-// The A fragment (16 query rows x k step `step`, bf16) gathered from a swizzled 16-bit tile in
-// register_dim's k order: the permuted counterpart of load_a_fragment. Register r holds rows
-// lane / 4 (+ 8 for r odd) and k indices 2 (lane % 4) (+ 8 for r >= 2), + {0, 1}.
-template <KvFormat kFormat>
-__device__ __forceinline__ void load_a_fragment_permuted(std::uint32_t (&a)[4],
-                                                         const std::byte* tile, int row0, int step,
-                                                         int lane) {
-  const auto element = [&](int row, int dim) {
+// Rewrites a swizzled 16-bit tile of 16 query rows in place into register_dim's k order: column
+// 16 s + kappa then holds dim register_dim(s, kappa), so that load_a_fragment reads the permuted A
+// fragment of step s. By all 256 threads of the CTA, once (CTA barriers inside).
+template <int kThreads, KvFormat kFormat>
+__device__ void permute_query_tile(std::byte* tile) {
+  static_assert(kThreads == 16 * 16, "a thread per (row, 16-byte chunk)");
+  const int row = threadIdx.x / 16, chunk = threadIdx.x % 16;
+  const auto element = [&](int dim) {
     return static_cast<std::uint32_t>(*reinterpret_cast<const std::uint16_t*>(
         tile + swizzled_chunk(row, dim / 8) * 16 + (dim % 8) * 2));
   };
+  std::uint32_t w[4];
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const int row = row0 + lane / 4 + 8 * (r % 2);
-    const int kappa = 2 * (lane % 4) + 8 * (r / 2);
-    a[r] = element(row, register_dim<kFormat>(step, kappa)) |
-           element(row, register_dim<kFormat>(step, kappa + 1)) << 16;
+  for (int j = 0; j < 4; ++j) {
+    const int step = chunk / 2, kappa = 8 * (chunk % 2) + 2 * j;
+    w[j] = element(register_dim<kFormat>(step, kappa)) |
+           element(register_dim<kFormat>(step, kappa + 1)) << 16;
   }
+  __syncthreads();
+  *reinterpret_cast<uint4*>(tile + swizzled_chunk(row, chunk) * 16) =
+      make_uint4(w[0], w[1], w[2], w[3]);
+  __syncthreads();
 }
 
 // S += Q K^T over all 128 dims for kNT x 8 keys from key0 of a raw K plane (load_raw_plane's
-// layout), q[s][0] the permuted A fragment of step s (load_a_fragment_permuted).
-template <KvFormat kFormat, int kNT>
-__device__ __forceinline__ void register_qk(float (&acc)[kNT][4], const std::uint32_t (&q)[8][1][4],
+// layout); q(s, a) gives the A fragment of step s in register_dim's order (load_a_fragment of a
+// permute_query_tile'd tile, or registers holding those).
+template <KvFormat kFormat, int kNT, class QFragment>
+__device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
                                             const std::byte* plane, int key0, int lane) {
+  if constexpr (kFormat == KvFormat::kNvfp4) {
 #pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    const int key = key0 + nt * 8 + lane / 4;
-    if constexpr (kFormat == KvFormat::kNvfp4) {
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int key = key0 + nt * 8 + lane / 4;
       const uint4 codes = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
       const std::uint32_t pair =
           *reinterpret_cast<const std::uint16_t*>(plane + 128 * 64 + key * 8 + (lane % 4) * 2);
@@ -119,23 +125,35 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], const std::uin
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const std::uint32_t word = (&codes.x)[w];
-        std::uint32_t b0, b1;
+        std::uint32_t a[4], b0, b1;
+        q(2 * w, a);
         nvfp4_b_fragment<0>(word, scales[w / 2], b0, b1);
-        mma_bf16_16816(acc[nt], q[2 * w][0], b0, b1);
+        mma_bf16_16816(acc[nt], a, b0, b1);
+        q(2 * w + 1, a);
         nvfp4_b_fragment<1>(word, scales[w / 2], b0, b1);
-        mma_bf16_16816(acc[nt], q[2 * w + 1][0], b0, b1);
+        mma_bf16_16816(acc[nt], a, b0, b1);
       }
-    } else {
-      static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
-      uint4 codes[2];
+    }
+  } else {
+    static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+    // All the keys' codes first, then each step's A fragment once for every key column.
+    uint4 codes[kNT][2];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int key = key0 + nt * 8 + lane / 4;
 #pragma unroll
       for (int c = 0; c < 2; ++c) {
-        codes[c] = *reinterpret_cast<const uint4*>(
+        codes[nt][c] = *reinterpret_cast<const uint4*>(
             plane + swizzled_byte_chunk(key, 2 * (lane % 4) + c) * 16);
       }
+    }
 #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const std::uint32_t word = (&codes[s / 4].x)[s % 4];
+    for (int s = 0; s < 8; ++s) {
+      std::uint32_t a[4];
+      q(s, a);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const std::uint32_t word = (&codes[nt][s / 4].x)[s % 4];
         std::uint32_t b0, b1;
         if constexpr (kFormat == KvFormat::kE4m3) {
           b0 = convert::e4m3x2_to_bf16x2_cvt(word, 0);
@@ -144,8 +162,66 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], const std::uin
           b0 = convert::e5m2x2_to_bf16x2_bits(word, 0);
           b1 = convert::e5m2x2_to_bf16x2_bits(word, 1);
         }
-        mma_bf16_16816(acc[nt], q[s][0], b0, b1);
+        mma_bf16_16816(acc[nt], a, b0, b1);
       }
+    }
+  }
+}
+
+// ---- Values (E4M3 / E5M2) straight into P V's B fragments, f16 ----
+// P V's n-tile / dim order is free (O is put back in the epilogue): n-tile j, column g holds dim
+// register_pv_dim(j, g). Thread (g, t) then reads one 32-bit word (dims 32 J + 4 g .. + 3) from
+// each of its key rows 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of the raw V plane; a byte permute pairs the
+// two keys' codes per dim, and each 16-bit half converts exactly to the f16x2 B register of one
+// n-tile. The stage's 128-byte XOR swizzle makes the loads conflict-free: the lanes of one load
+// hit chunks (2 J + g / 4) ^ (row & 7), eight distinct chunks x four words.
+__host__ __device__ constexpr int register_pv_dim(int ntile, int column) {
+  return 32 * (ntile / 4) + 4 * column + ntile % 4;
+}
+
+constexpr bool register_pv_order_is_a_permutation() {
+  bool seen[128] = {};
+  for (int c = 0; c < 128; ++c) {
+    const int d = register_pv_dim(c / 8, c % 8);
+    if (d < 0 || d >= 128 || seen[d]) return false;
+    seen[d] = true;
+  }
+  return true;
+}
+static_assert(register_pv_order_is_a_permutation());
+
+template <KvFormat kFormat>
+__device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t codes, int pair) {
+  static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  return kFormat == KvFormat::kE4m3 ? convert::e4m3x2_to_f16x2(codes, pair)
+                                    : convert::e5m2x2_to_f16x2(codes, pair);
+}
+
+// O += P V for the 16 keys from key0 of a raw E4M3 / E5M2 V plane, P the f16 A fragment, O in
+// register_pv_dim's order; keep_lo / keep_hi as in pv_step (ANDed into the values of keys
+// 2 (lane % 4) + {0, 1} and those + 8).
+template <KvFormat kFormat>
+__device__ __forceinline__ void register_pv(float (&o)[16][4], const std::uint32_t (&p)[4],
+                                            const std::byte* plane, int key0, std::uint32_t keep_lo,
+                                            std::uint32_t keep_hi, int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const auto word = [&](int key, int j4) {  // dims 32 j4 + 4 g .. + 3 of one key
+    return *reinterpret_cast<const std::uint32_t*>(
+        plane + swizzled_byte_chunk(key, 2 * j4 + g / 4) * 16 + (g % 4) * 4);
+  };
+#pragma unroll
+  for (int j4 = 0; j4 < 4; ++j4) {
+    const std::uint32_t a = word(key0 + 2 * t, j4), b = word(key0 + 2 * t + 1, j4);
+    const std::uint32_t c = word(key0 + 2 * t + 8, j4), d = word(key0 + 2 * t + 9, j4);
+    // (key 2 t, key 2 t + 1) code pairs of dims 0, 1 and of dims 2, 3; the same for + 8.
+    const std::uint32_t lo01 = convert::prmt(a, b, 0x5140u), lo23 = convert::prmt(a, b, 0x7362u);
+    const std::uint32_t hi01 = convert::prmt(c, d, 0x5140u), hi23 = convert::prmt(c, d, 0x7362u);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const std::uint32_t lo = i < 2 ? lo01 : lo23, hi = i < 2 ? hi01 : hi23;
+      const std::uint32_t b0 = fp8x2_to_f16x2<kFormat>(lo, i % 2) & keep_lo;
+      const std::uint32_t b1 = fp8x2_to_f16x2<kFormat>(hi, i % 2) & keep_hi;
+      mma_fp16_16816(o[4 * j4 + i], p, b0, b1);
     }
   }
 }

@@ -42,7 +42,7 @@ namespace flashmsa::cuda {
 constexpr int kMaxDecodeSplits = static_cast<int>(detail::kAttentionDecodeMaxSplits);
 
 template <class Traits, KvFormat kFormat, class Elem, class QElem>
-__global__ void __launch_bounds__(Traits::kThreads)
+__global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits, kFormat, Elem>())
     attention_kernel(const __grid_constant__ AttentionParams p) {
   using namespace attention_detail;  // the epilogue's pieces
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
@@ -50,15 +50,23 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // own keys' K codes in registers (register_keys.cuh; no other warp needs them), only V is
   // widened in shared memory.
   constexpr bool kRegisterK = kWiden && Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16>;
-  constexpr int kStageBytes = kv_raw_page_bytes<kFormat>();
-  constexpr int kStages = attention_stages<Traits, kFormat>();
+  // ... and with E4M3 / E5M2 values V too, straight into f16 B fragments (register_pv; P is
+  // rounded to f16 for P V, O kept in register_pv_dim's order): no shared-memory widening at all,
+  // and each warp streams its own keys' rows through a ring of its own (no CTA barrier a page).
+  constexpr bool kRegisterV = attention_warp_rings<Traits, kFormat, Elem>();
+  static_assert(!kRegisterV || (kRegisterK && Traits::kWarpKeys == Traits::kChunkKeys));
+  using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
+  constexpr int kStageBytes =
+      kRegisterV ? attention_warp_stage_bytes<Traits>() : kv_raw_page_bytes<kFormat>();
+  constexpr int kStages =
+      kRegisterV ? attention_warp_ring_stages<Traits>() : attention_stages<Traits, kFormat>();
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   auto* union_block = reinterpret_cast<std::int32_t*>(q_tile + Traits::kRows * 16 * 256);
   auto* union_page = union_block + Traits::kMaxUnion;
   auto* union_mask = reinterpret_cast<std::uint32_t*>(union_page + Traits::kMaxUnion);
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
-  std::byte* widened = stages + kStages * kStageBytes;
+  std::byte* widened = kRegisterV ? nullptr : stages + kStages * kStageBytes;  // unused there
 
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
@@ -170,18 +178,32 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int per_split = (num_entries + p.splits - 1) / p.splits;
   const int begin = min(num_entries, split * per_split);
   const int end = min(num_entries, begin + per_split);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
   // Entry e's page (K plane, then V plane) goes through the ring as its page e - begin; tokens
-  // after the tile's last position are zero-filled, never read.
-  const CpAsyncPageRing<kStages, kStageBytes> ring{stages};
+  // after the tile's last position are zero-filled, never read. kRegisterV: each warp's ring
+  // holds its own keys' K rows, then their V rows.
+  using Ring =
+      CpAsyncPageRing<kStages, kStageBytes, kRegisterV ? RingScope::kWarp : RingScope::kCta>;
+  const Ring ring{kRegisterV ? stages + warp * kStages * kStageBytes : stages};
   auto fill = [&](int e) {
     ring.fill(e - begin, [&](std::byte* stage) {
       if (e >= end) return;
       const std::int64_t page = entry_page(e);
       if (page < 0) return;
       const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
-      load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
-      load_raw_plane<Traits::kThreads, kFormat>(p.v, p.v_scales, page, kv_head, limit,
-                                                stage + raw_plane_bytes<kFormat>());
+      if constexpr (kRegisterV) {
+        const int token0 = key_part * Traits::kWarpKeys;
+        if (token0 >= limit) return;  // none of this warp's keys is visible: nothing is read
+        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, page, kv_head, token0, limit - token0,
+                                                       stage, lane);
+        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.v, page, kv_head, token0, limit - token0,
+                                                       stage + Traits::kWarpKeys * 128, lane);
+      } else {
+        load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
+        load_raw_plane<Traits::kThreads, kFormat>(p.v, p.v_scales, page, kv_head, limit,
+                                                  stage + raw_plane_bytes<kFormat>());
+      }
     });
   };
   for (int s = 0; s < kStages - 1; ++s) fill(begin + s);
@@ -189,17 +211,15 @@ __global__ void __launch_bounds__(Traits::kThreads)
   cp_async_wait<kStages - 1>();  // the queries' group (pages may still be in flight)
   __syncthreads();
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
-  std::uint32_t qf[8][1][4];  // the row's queries as A fragments, one per 16 dims
+  // kRegisterK: the queries' dims in the k order of the keys' register fragments.
+  if constexpr (kRegisterK) permute_query_tile<Traits::kThreads, kFormat>(q_tile);
+  // The row's queries as A fragments, one per 16 dims; kRegisterV reads them from shared memory
+  // at each use instead (32 registers fewer: two CTAs fit on an SM).
+  std::uint32_t qf[8][1][4];
+  if constexpr (!kRegisterV) {
 #pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-    if constexpr (kRegisterK) {
-      load_a_fragment_permuted<kFormat>(qf[ks][0], q_tile, warp_row * 16, ks, lane);
-    } else {
-      load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
-    }
+    for (int ks = 0; ks < 8; ++ks) load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
   }
   float o[16][4];
 #pragma unroll
@@ -214,7 +234,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
     fill(e + kStages - 1);
     const std::byte* tiles = ring.stage(e - begin);
     const std::byte* k_raw = tiles;  // kRegisterK: the K plane as it came
-    if constexpr (kRegisterK) {
+    // kRegisterV: the stage holds this warp's keys only (key key0 at row 0), K rows then V rows.
+    const std::byte* v_raw =
+        tiles + (kRegisterV ? Traits::kWarpKeys * 128 : raw_plane_bytes<kFormat>());
+    const int raw_key0 = kRegisterV ? key_part * Traits::kWarpKeys : 0;  // the stage's first key
+    if constexpr (kRegisterV) {
+      // Nothing to widen: each warp converts its own keys' K and V codes.
+    } else if constexpr (kRegisterK) {
       if (entry_page(e) >= 0) {
         widen_planes<Traits::kThreads, kFormat, Elem, 1>(tiles + raw_plane_bytes<kFormat>(),
                                                          widened + 128 * 256);
@@ -241,7 +267,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
         for (float& x : n) x = 0.0f;
       }
       if constexpr (kRegisterK) {
-        register_qk<kFormat, kNT>(scores[0], qf, k_raw, key0, lane);
+        const auto q = [&](int step, std::uint32_t(&a)[4]) {
+          if constexpr (kRegisterV) {
+            load_a_fragment(a, q_tile, 0, step, lane);
+          } else {
+            for (int r = 0; r < 4; ++r) a[r] = qf[step][0][r];
+          }
+        };
+        register_qk<kFormat, kNT>(scores[0], q, k_raw, key0 - raw_key0, lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -294,10 +327,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
 #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
-        const std::uint32_t a[4] = {pack2<Elem>(s[2 * kk][0], s[2 * kk][1]),
-                                    pack2<Elem>(s[2 * kk][2], s[2 * kk][3]),
-                                    pack2<Elem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                    pack2<Elem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        const std::uint32_t a[4] = {pack2<PvElem>(s[2 * kk][0], s[2 * kk][1]),
+                                    pack2<PvElem>(s[2 * kk][2], s[2 * kk][3]),
+                                    pack2<PvElem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack2<PvElem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
         // Keys after this row's position have P = 0, but 0 x NaN is NaN: their values (written
         // for later rows, possibly non-finite) are zeroed in the fragment (see pv_step).
         std::uint32_t keep_lo = 0xFFFFFFFFu, keep_hi = 0xFFFFFFFFu;
@@ -306,7 +339,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
           keep_lo = (k <= my_pos ? 0x0000FFFFu : 0u) | (k + 1 <= my_pos ? 0xFFFF0000u : 0u);
           keep_hi = (k + 8 <= my_pos ? 0x0000FFFFu : 0u) | (k + 9 <= my_pos ? 0xFFFF0000u : 0u);
         }
-        pv_step<Elem>(o, a, v_tile, key0 + 16 * kk, keep_lo, keep_hi, lane);
+        if constexpr (kRegisterV) {
+          register_pv<kFormat>(o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
+        } else {
+          pv_step<Elem>(o, a, v_tile, key0 + 16 * kk, keep_lo, keep_hi, lane);
+        }
       }
     }
   }
@@ -319,7 +356,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // The key parts' partials, then (cluster splits) the CTA's merged rows for the other splits.
   constexpr int kSplitRowFloats = Traits::kClusterSplits ? Traits::kRows * 16 * 129 : 0;
   static_assert((Traits::kWarps * 16 * (Traits::kPartialStride + 2) + kSplitRowFloats) * 4 <=
-                kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0));
+                (kRegisterV ? Traits::kWarps : 1) * kStages * kStageBytes +
+                    (kWiden && !kRegisterV ? 2 * 128 * 256 : 0));
   float* part_o = reinterpret_cast<float*>(stages);
   float* part_max = part_o + Traits::kWarps * 16 * Traits::kPartialStride;
   float* part_sum = part_max + Traits::kWarps * 16;
@@ -332,8 +370,13 @@ __global__ void __launch_bounds__(Traits::kThreads)
     float* dst = part_o + (warp * 16 + r) * Traits::kPartialStride;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-      *reinterpret_cast<float2*>(dst + nt * 8 + 2 * (lane % 4)) =
-          make_float2(o[nt][2 * half], o[nt][2 * half + 1]);
+      if constexpr (kRegisterV) {  // back to the natural dim order
+        dst[register_pv_dim(nt, 2 * (lane % 4))] = o[nt][2 * half];
+        dst[register_pv_dim(nt, 2 * (lane % 4) + 1)] = o[nt][2 * half + 1];
+      } else {
+        *reinterpret_cast<float2*>(dst + nt * 8 + 2 * (lane % 4)) =
+            make_float2(o[nt][2 * half], o[nt][2 * half + 1]);
+      }
     }
     if (lane % 4 == 0) {
       part_max[warp * 16 + r] = row_max[half];
@@ -464,7 +507,7 @@ void launch_attention_kernel(const AttentionParams& p, dim3 grid, cudaStream_t s
   // The splits of a row tile (grid.z) form one cluster.
   launch_dependent_cluster_kernel(attention_kernel<Traits, kFormat, Elem, QElem>, grid,
                                   dim3(1, 1, static_cast<unsigned>(p.splits)), Traits::kThreads,
-                                  attention_smem_bytes<Traits, kFormat>(), stream, p);
+                                  attention_smem_bytes<Traits, kFormat, Elem>(), stream, p);
 }
 
 }  // namespace flashmsa::cuda

@@ -2,6 +2,10 @@
 // memory they take per cache format: read by the kernel and by its host launchers.
 #pragma once
 
+#include <cuda_bf16.h>
+
+#include <type_traits>
+
 #include "src/cuda/sm90/kv_format.hpp"
 
 namespace flashmsa::cuda {
@@ -33,6 +37,35 @@ using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
 
+// 1-row tiles (decode, dql 1) of an E4M3 / E5M2 cache with bf16 queries convert K and V in
+// registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp streams
+// them through a ring of its own (no CTA barrier a page, no widened tiles).
+template <class Traits, KvFormat kFormat, class Elem>
+constexpr bool attention_warp_rings() {
+  return Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16> &&
+         (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+}
+// A warp ring's stage: the warp's keys' K rows, then their V rows (one byte a value).
+template <class Traits>
+constexpr int attention_warp_stage_bytes() {
+  return 2 * Traits::kWarpKeys * 128;
+}
+// CTAs an SM holds: warp-ring CTAs are sized for two (<= 128 registers a thread, half the shared
+// memory each: 16 warps a scheduler pair hide each other's latency), the others take one.
+template <class Traits, KvFormat kFormat, class Elem>
+constexpr int attention_ctas_per_sm() {
+  return attention_warp_rings<Traits, kFormat, Elem>() ? 2 : 1;
+}
+// Stages of each warp's ring: what fits beside the queries and the union lists with two CTAs an
+// SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared memory): 3 of 4 KB for
+// the decode traits' 8 warps of 16 keys, 4 pages' worth of bytes in flight an SM.
+template <class Traits>
+constexpr int attention_warp_ring_stages() {
+  constexpr int kPerCta = 228 * 1024 / 2 - 1024 - 1280;
+  constexpr int fixed = Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12;
+  return (kPerCta - fixed) / (Traits::kWarps * attention_warp_stage_bytes<Traits>());
+}
+
 // A page in a raw stage: its K plane, then its V plane.
 template <KvFormat kFormat>
 constexpr int kv_raw_page_bytes() {
@@ -63,10 +96,16 @@ constexpr int attention_stages() {
   return by_bytes < fitting ? by_bytes : fitting;
 }
 
-template <class Traits, KvFormat kFormat>
+template <class Traits, KvFormat kFormat, class Elem>
 constexpr int attention_smem_bytes() {
-  return attention_fixed_smem_bytes<Traits, kFormat>() +
-         attention_stages<Traits, kFormat>() * kv_raw_page_bytes<kFormat>();
+  if constexpr (attention_warp_rings<Traits, kFormat, Elem>()) {
+    return Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12 +
+           Traits::kWarps * attention_warp_ring_stages<Traits>() *
+               attention_warp_stage_bytes<Traits>();
+  } else {
+    return attention_fixed_smem_bytes<Traits, kFormat>() +
+           attention_stages<Traits, kFormat>() * kv_raw_page_bytes<kFormat>();
+  }
 }
 
 }  // namespace flashmsa::cuda
