@@ -73,21 +73,32 @@ TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
 // Splits of a decode row tile: enough CTAs for one wave, never more than a cluster (8) nor more
 // than the pages the tile can select.
 TEST(Attention, DecodeSplitsFitOneCluster) {
-  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 16), 8);   // wants 33
-  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16), 5);   // 32 CTAs: 5 x 32 >= 132
-  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 3), 3);    // 3 pages at most
-  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16), 1);  // 256 CTAs: the GPU is full
+  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 16, false), 8);   // wants 33
+  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16, false), 5);   // 32 CTAs: 5 x 32 >= 132
+  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 3, false), 3);    // 3 pages at most
+  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16, false), 1);  // 256 CTAs: the GPU is full
   // Speculative rows: 1-row tiles while 4-row tiles could not fill the GPU within 8 splits.
-  EXPECT_EQ(detail::attention_decode_tile_rows(1, 4, 4), 1);
-  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16), 8);  // 16 tiles want 9
-  EXPECT_EQ(detail::attention_decode_tile_rows(8, 4, 4), 4);
-  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16), 5);  // 32 tiles
-  EXPECT_EQ(detail::attention_decode_tile_rows(64, 1, 4), 1);
-  for (std::int64_t b = 1; b <= 300; ++b) {
-    for (std::int64_t dql = 1; dql <= 16; ++dql) {
-      const std::int64_t s = detail::attention_decode_splits(b, dql, 4, 16);
-      EXPECT_GE(s, 1);
-      EXPECT_LE(s, detail::kAttentionDecodeMaxSplits);
+  EXPECT_EQ(detail::attention_decode_tile_rows(1, 4, 4, false), 1);
+  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16, false), 8);  // 16 tiles want 9
+  EXPECT_EQ(detail::attention_decode_tile_rows(8, 4, 4, false), 4);
+  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16, false), 5);  // 32 tiles
+  EXPECT_EQ(detail::attention_decode_tile_rows(64, 1, 4, false), 1);
+  // Register tiles (two CTAs an SM): 1-row tiles at every query length, one wave of 264 CTAs.
+  EXPECT_EQ(detail::attention_decode_tile_rows(64, 4, 4, true), 1);
+  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16, true), 8);   // 32 tiles x 8 = 256
+  EXPECT_EQ(detail::attention_decode_splits(32, 1, 4, 16, true), 2);  // 128 tiles x 2 = 256
+  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16, true), 1);  // 256 tiles
+  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16, true), 2);   // 128 tiles
+  for (const bool register_tiles : {false, true}) {
+    for (std::int64_t b = 1; b <= 300; ++b) {
+      for (std::int64_t dql = 1; dql <= 16; ++dql) {
+        const std::int64_t s = detail::attention_decode_splits(b, dql, 4, 16, register_tiles);
+        EXPECT_GE(s, 1);
+        EXPECT_LE(s, detail::kAttentionDecodeMaxSplits);
+        if (register_tiles) {  // never past one wave, unless one split is already past it
+          EXPECT_TRUE(s == 1 || s * b * dql * 4 <= 2 * detail::kAttentionDecodeTargetCtas);
+        }
+      }
     }
   }
 }

@@ -12,13 +12,13 @@ enum class KvFormat {
   kNvfp4,  // the three others: raw bytes, then widened exactly to the MMA type
 };
 
-// Bytes of one plane of a page (128 tokens x 128 dims) in a raw stage: element rows, then (NVFP4)
-// the rows' E4M3 block scales.
-template <KvFormat kFormat>
+// Bytes of one plane of a page (128 tokens x 128 dims; or a warp's kTokens of them) in a raw
+// stage: element rows, then (NVFP4) the rows' E4M3 block scales.
+template <KvFormat kFormat, int kTokens = 128>
 constexpr int raw_plane_bytes() {
-  if constexpr (kFormat == KvFormat::kNative16) return 128 * 256;
-  if constexpr (kFormat == KvFormat::kNvfp4) return 128 * 64 + 128 * 8;
-  return 128 * 128;
+  return kTokens * (kFormat == KvFormat::kNative16 ? 256
+                    : kFormat == KvFormat::kNvfp4  ? 64 + 8
+                                                   : 128);
 }
 
 }  // namespace flashmsa::cuda

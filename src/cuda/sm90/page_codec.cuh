@@ -68,44 +68,54 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
   }
 }
 
-// One warp's share of an E4M3 / E5M2 plane: the kRows token rows from token0 of (page, head), in
-// load_raw_plane's swizzled layout with row token0 as row 0 (the swizzle depends on the row mod 8:
-// token0 is a multiple of 8, so the codes sit where load_raw_plane puts them, modulo the offset).
+// One warp's share of an 8- or 4-bit plane: the kRows token rows from token0 of (page, head), as a
+// raw plane of kRows tokens (raw_plane_bytes<kFormat, kRows>) in load_raw_plane's layout with row
+// token0 as row 0 (the fp8 swizzle depends on the row mod 8 and token0 is a multiple of 8).
 // Rows at or after `limit` (counted from token0) are zero-filled without being read.
 template <int kRows, KvFormat kFormat>
-__device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src, std::int64_t page,
+__device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src,
+                                                   const DevicePlane& scales, std::int64_t page,
                                                    int head, int token0, int limit, std::byte* dst,
                                                    int lane) {
-  static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
-  static_assert(kRows * kByteRowChunks % 32 == 0);
+  static_assert(kFormat != KvFormat::kNative16 && kRows % 8 == 0);
+  constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
+  static_assert(kRows * kChunks % 32 == 0);
   const std::byte* base = src.row(page, head, token0);
 #pragma unroll
-  for (int r = 0; r < kRows * kByteRowChunks / 32; ++r) {
+  for (int r = 0; r < kRows * kChunks / 32; ++r) {
     const int i = lane + 32 * r;
-    const int token = i / kByteRowChunks, chunk = i % kByteRowChunks;
-    cp_async_16_or_zero(dst + swizzled_byte_chunk(token, chunk) * 16,
-                        base + token * src.token_stride + chunk * 16, token < limit);
+    const int token = i / kChunks, chunk = i % kChunks;
+    const int at = kFormat == KvFormat::kNvfp4 ? i : swizzled_byte_chunk(token, chunk);
+    cp_async_16_or_zero(dst + at * 16, base + token * src.token_stride + chunk * 16, token < limit);
+  }
+  if constexpr (kFormat == KvFormat::kNvfp4) {
+    static_assert(kRows <= 32);
+    if (lane < kRows) {
+      cp_async_8_or_zero(dst + kRows * 64 + lane * 8,
+                         scales.row(page, head, token0) + lane * scales.token_stride, lane < limit);
+    }
   }
 }
 
-// Widens kPlanes consecutive raw planes of a stage into as many swizzled 16-bit tiles (128 x 256
-// bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value is representable in
-// bf16 and in fp16. Work unit: 16 elements of one token.
-template <int kThreads, KvFormat kFormat, class Elem, int kPlanes>
-__device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
+// Widens kPlanes consecutive raw planes of kTokens tokens of a stage into as many swizzled 16-bit
+// tiles (kTokens x 256 bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value
+// is representable in bf16 and in fp16. Work unit: 16 elements of one token; `thread` is the
+// caller's index among the kThreads that share the work.
+template <int kThreads, KvFormat kFormat, class Elem, int kPlanes, int kTokens = 128>
+__device__ void widen_planes(const std::byte* stage, std::byte* tiles, int thread) {
   static_assert(kFormat != KvFormat::kNative16, "16-bit pages are copied, not widened");
-  for (int i = threadIdx.x; i < kPlanes * 128 * 8; i += kThreads) {
-    // With one plane i < 1024 already: no division for the plane index.
-    const int plane = kPlanes == 1 ? 0 : i / 1024;
-    const int token = kPlanes == 1 ? i / 8 : (i / 8) % 128, group = i % 8;
-    const std::byte* raw = stage + plane * raw_plane_bytes<kFormat>();
-    auto* dst = reinterpret_cast<uint4*>(tiles + plane * 128 * 256);
+  for (int i = thread; i < kPlanes * kTokens * 8; i += kThreads) {
+    // With one plane i < kTokens * 8 already: no division for the plane index.
+    const int plane = kPlanes == 1 ? 0 : i / (kTokens * 8);
+    const int token = kPlanes == 1 ? i / 8 : (i / 8) % kTokens, group = i % 8;
+    const std::byte* raw = stage + plane * raw_plane_bytes<kFormat, kTokens>();
+    auto* dst = reinterpret_cast<uint4*>(tiles + plane * kTokens * 256);
     if constexpr (kFormat == KvFormat::kNvfp4 && std::is_same_v<Elem, __nv_bfloat16>) {
       // bf16 tiles: each pair of codes (j, j + 4) of a word straight to bf16x2
       // (convert::e2m1_pair_to_bf16x2), times the scale in bf16 (exact: <= 6 significant bits),
       // then byte permutes back to the natural order.
       const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
-      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
+      const auto scale_code = static_cast<std::uint8_t>(raw[kTokens * 64 + token * 8 + group]);
       const std::uint32_t scale = convert::prmt(convert::e4m3x2_to_bf16x2_cvt(scale_code, 0), 0,
                                                 0x1010u);  // (scale, scale)
       uint4 out[2];
@@ -129,7 +139,7 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles) {
     float x[16];
     if constexpr (kFormat == KvFormat::kNvfp4) {
       const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
-      const auto scale_code = static_cast<std::uint8_t>(raw[128 * 64 + token * 8 + group]);
+      const auto scale_code = static_cast<std::uint8_t>(raw[kTokens * 64 + token * 8 + group]);
       const float scale = __half2float(__half(__nv_cvt_fp8_to_halfraw(scale_code, __NV_E4M3)));
       // The codes' values through a byte-permute lookup (registers only), times the scale.
       std::uint32_t halves[8];

@@ -106,37 +106,44 @@ __device__ void permute_query_tile(std::byte* tile) {
   __syncthreads();
 }
 
-// S += Q K^T over all 128 dims for kNT x 8 keys from key0 of a raw K plane (load_raw_plane's
-// layout); q(s, a) gives the A fragment of step s in register_dim's order (load_a_fragment of a
-// permute_query_tile'd tile, or registers holding those).
-template <KvFormat kFormat, int kNT, class QFragment>
+// S += Q K^T over all 128 dims for kNT x 8 keys from key0 of a raw K plane of kPlaneKeys tokens
+// (load_raw_plane's layout, or load_raw_rows_warp's); q(s, a) gives the A fragment of step s in
+// register_dim's order (load_a_fragment of a permute_query_tile'd tile, or registers holding
+// those). All the keys' codes are read first, then each step's A fragment serves every key column.
+template <KvFormat kFormat, int kNT, int kPlaneKeys = 128, class QFragment>
 __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
+    uint4 codes[kNT];
+    std::uint32_t scales[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int key = key0 + nt * 8 + lane / 4;
-      const uint4 codes = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
-      const std::uint32_t pair =
-          *reinterpret_cast<const std::uint16_t*>(plane + 128 * 64 + key * 8 + (lane % 4) * 2);
+      codes[nt] = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
+      const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
+                                                                         key * 8 + (lane % 4) * 2);
       const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
-      const std::uint32_t scales[2] = {convert::prmt(both, 0, 0x1010u),
-                                       convert::prmt(both, 0, 0x3232u)};
+      scales[nt][0] = convert::prmt(both, 0, 0x1010u);
+      scales[nt][1] = convert::prmt(both, 0, 0x3232u);
+    }
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const std::uint32_t word = (&codes.x)[w];
-        std::uint32_t a[4], b0, b1;
-        q(2 * w, a);
-        nvfp4_b_fragment<0>(word, scales[w / 2], b0, b1);
-        mma_bf16_16816(acc[nt], a, b0, b1);
-        q(2 * w + 1, a);
-        nvfp4_b_fragment<1>(word, scales[w / 2], b0, b1);
+    for (int s = 0; s < 8; ++s) {
+      std::uint32_t a[4];
+      q(s, a);
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+        const std::uint32_t word = (&codes[nt].x)[s / 2];
+        std::uint32_t b0, b1;
+        if (s % 2 == 0) {
+          nvfp4_b_fragment<0>(word, scales[nt][s / 4], b0, b1);
+        } else {
+          nvfp4_b_fragment<1>(word, scales[nt][s / 4], b0, b1);
+        }
         mma_bf16_16816(acc[nt], a, b0, b1);
       }
     }
   } else {
     static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
-    // All the keys' codes first, then each step's A fragment once for every key column.
     uint4 codes[kNT][2];
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {

@@ -155,6 +155,20 @@ void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype
                 kAttentionEmptyRowThreads, 0, stream, p);
 }
 
+// The decode caches whose 1-row tiles stream each warp's keys through its own ring, two CTAs an SM
+// (attention_warp_rings, for the dtypes launch_attention maps to kernels).
+bool decode_register_tiles(DType cache, DType q) {
+  static_assert(
+      attention_warp_rings<AttentionDecode1Traits, KvFormat::kE4m3, __nv_bfloat16>() &&
+      attention_warp_rings<AttentionDecode1Traits, KvFormat::kE5m2, __nv_bfloat16>() &&
+      attention_warp_rings<AttentionDecode1Traits, KvFormat::kNvfp4, __nv_bfloat16>() &&
+      !attention_warp_rings<AttentionDecode1Traits, KvFormat::kE4m3, __half>() &&
+      !attention_warp_rings<AttentionDecode1Traits, KvFormat::kNative16, __nv_bfloat16>());
+  const bool quantized =
+      cache == DType::kFp8E4m3 || cache == DType::kFp8E5m2 || cache == DType::kNvfp4;
+  return quantized && q != DType::kFp16;
+}
+
 }  // namespace
 
 void sparse_attention_prefill(const Config& config, const TensorView& q, const KvCacheView& kv,
@@ -182,10 +196,12 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   p.rows.seq_lens_stride = batch.seq_lens.stride[0];
   p.rows.num_requests = static_cast<std::int32_t>(num_requests);
   p.rows.decode_query_len = dql;
+  const bool register_tiles = decode_register_tiles(kv.dtype, q.dtype);
   p.splits = static_cast<std::int32_t>(
-      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width));
+      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width, register_tiles));
   if (num_requests == 0) return;
-  const std::int64_t tile_rows = detail::attention_decode_tile_rows(num_requests, dql, hkv);
+  const std::int64_t tile_rows =
+      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
   const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
                   static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
   if (tile_rows == 1) {

@@ -9,8 +9,9 @@
 // rounded to the MMA type (bf16 or fp16) for P V, as the spec allows. A warp whose row did not
 // select a page skips it, so random selections cost loads but no wasted MMAs, and coherent
 // selections (neighbouring rows picking the same pages) share them. E4M3 / E5M2 / NVFP4 pages are
-// widened exactly to the 16-bit MMA type in shared memory; on 1-row tiles with bf16 queries only
-// V is, each warp converting its own keys' K codes in registers (register_keys.cuh).
+// widened exactly to the 16-bit MMA type in shared memory; on 1-row tiles with bf16 queries each
+// warp streams only its own keys through a ring of its own and converts their K codes (and E4M3 /
+// E5M2 V codes) in registers (register_keys.cuh), NVFP4 values into a tile of its own.
 //
 // The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
 // fp32 / MXFP8 and the log-sum-exp). Decode with several splits runs the splits of a row tile as
@@ -46,27 +47,27 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     attention_kernel(const __grid_constant__ AttentionParams p) {
   using namespace attention_detail;  // the epilogue's pieces
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
-  // 1-row tiles (decode, dql 1) of a quantized cache with bf16 queries: each warp converts its
-  // own keys' K codes in registers (register_keys.cuh; no other warp needs them), only V is
-  // widened in shared memory.
-  constexpr bool kRegisterK = kWiden && Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16>;
-  // ... and with E4M3 / E5M2 values V too, straight into f16 B fragments (register_pv; P is
-  // rounded to f16 for P V, O kept in register_pv_dim's order): no shared-memory widening at all,
-  // and each warp streams its own keys' rows through a ring of its own (no CTA barrier a page).
-  constexpr bool kRegisterV = attention_warp_rings<Traits, kFormat, Elem>();
-  static_assert(!kRegisterV || (kRegisterK && Traits::kWarpKeys == Traits::kChunkKeys));
+  // 1-row tiles of a quantized cache with bf16 queries: each warp streams its own keys' rows
+  // through a ring of its own (no other warp needs them: no CTA barrier a page) and converts their
+  // K codes in registers (register_keys.cuh); NVFP4 values it widens into a 16-bit tile of its
+  // own, E4M3 / E5M2 ones go straight into f16 B fragments too (register_pv; P is rounded to f16
+  // for P V, O kept in register_pv_dim's order).
+  constexpr bool kWarpRings = attention_warp_rings<Traits, kFormat, Elem>();
+  constexpr bool kRegisterV =
+      kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  static_assert(!kWarpRings || Traits::kWarpKeys == Traits::kChunkKeys);
   using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
   constexpr int kStageBytes =
-      kRegisterV ? attention_warp_stage_bytes<Traits>() : kv_raw_page_bytes<kFormat>();
-  constexpr int kStages =
-      kRegisterV ? attention_warp_ring_stages<Traits>() : attention_stages<Traits, kFormat>();
+      kWarpRings ? attention_warp_stage_bytes<Traits, kFormat>() : kv_raw_page_bytes<kFormat>();
+  constexpr int kStages = kWarpRings ? attention_warp_ring_stages<Traits, kFormat>()
+                                     : attention_stages<Traits, kFormat>();
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   auto* union_block = reinterpret_cast<std::int32_t*>(q_tile + Traits::kRows * 16 * 256);
   auto* union_page = union_block + Traits::kMaxUnion;
   auto* union_mask = reinterpret_cast<std::uint32_t*>(union_page + Traits::kMaxUnion);
   std::byte* stages = reinterpret_cast<std::byte*>(union_mask + Traits::kMaxUnion);
-  std::byte* widened = kRegisterV ? nullptr : stages + kStages * kStageBytes;  // unused there
+  std::byte* widened = stages + kStages * kStageBytes;  // the widened 16-bit tiles (not kWarpRings)
 
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
@@ -181,24 +182,29 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
   // Entry e's page (K plane, then V plane) goes through the ring as its page e - begin; tokens
-  // after the tile's last position are zero-filled, never read. kRegisterV: each warp's ring
+  // after the tile's last position are zero-filled, never read. kWarpRings: each warp's ring
   // holds its own keys' K rows, then their V rows.
   using Ring =
-      CpAsyncPageRing<kStages, kStageBytes, kRegisterV ? RingScope::kWarp : RingScope::kCta>;
-  const Ring ring{kRegisterV ? stages + warp * kStages * kStageBytes : stages};
+      CpAsyncPageRing<kStages, kStageBytes, kWarpRings ? RingScope::kWarp : RingScope::kCta>;
+  // kWarpRings: each warp's share of the stages (attention_warp_region_bytes), its ring, then its
+  // own widened V tile.
+  std::byte* const ring_base =
+      kWarpRings ? stages + warp * attention_warp_region_bytes<Traits, kFormat>() : stages;
+  const Ring ring{ring_base};
   auto fill = [&](int e) {
     ring.fill(e - begin, [&](std::byte* stage) {
       if (e >= end) return;
       const std::int64_t page = entry_page(e);
       if (page < 0) return;
       const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
-      if constexpr (kRegisterV) {
+      if constexpr (kWarpRings) {
         const int token0 = key_part * Traits::kWarpKeys;
         if (token0 >= limit) return;  // none of this warp's keys is visible: nothing is read
-        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, page, kv_head, token0, limit - token0,
-                                                       stage, lane);
-        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.v, page, kv_head, token0, limit - token0,
-                                                       stage + Traits::kWarpKeys * 128, lane);
+        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, p.k_scales, page, kv_head, token0,
+                                                       limit - token0, stage, lane);
+        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(
+            p.v, p.v_scales, page, kv_head, token0, limit - token0,
+            stage + raw_plane_bytes<kFormat, Traits::kWarpKeys>(), lane);
       } else {
         load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
         load_raw_plane<Traits::kThreads, kFormat>(p.v, p.v_scales, page, kv_head, limit,
@@ -212,12 +218,12 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   __syncthreads();
 
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
-  // kRegisterK: the queries' dims in the k order of the keys' register fragments.
-  if constexpr (kRegisterK) permute_query_tile<Traits::kThreads, kFormat>(q_tile);
-  // The row's queries as A fragments, one per 16 dims; kRegisterV reads them from shared memory
+  // kWarpRings: the queries' dims in the k order of the keys' register fragments.
+  if constexpr (kWarpRings) permute_query_tile<Traits::kThreads, kFormat>(q_tile);
+  // The row's queries as A fragments, one per 16 dims; kWarpRings reads them from shared memory
   // at each use instead (32 registers fewer: two CTAs fit on an SM).
   std::uint32_t qf[8][1][4];
-  if constexpr (!kRegisterV) {
+  if constexpr (!kWarpRings) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) load_a_fragment(qf[ks][0], q_tile, warp_row * 16, ks, lane);
   }
@@ -233,29 +239,31 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
     fill(e + kStages - 1);
     const std::byte* tiles = ring.stage(e - begin);
-    const std::byte* k_raw = tiles;  // kRegisterK: the K plane as it came
-    // kRegisterV: the stage holds this warp's keys only (key key0 at row 0), K rows then V rows.
-    const std::byte* v_raw =
-        tiles + (kRegisterV ? Traits::kWarpKeys * 128 : raw_plane_bytes<kFormat>());
-    const int raw_key0 = kRegisterV ? key_part * Traits::kWarpKeys : 0;  // the stage's first key
+    const std::int64_t first_key = entry_block(e) * 128;
+    // kWarpRings: the stage holds this warp's keys only (from raw_key0), K rows then V rows, and
+    // so does its widened V tile.
+    const int raw_key0 = kWarpRings ? key_part * Traits::kWarpKeys : 0;
+    const std::byte* k_raw = tiles;
+    const std::byte* v_raw = tiles + raw_plane_bytes<kFormat, Traits::kWarpKeys>();
+    const std::byte* k_tile = tiles;  // the 16-bit tiles (not kWarpRings)
+    const std::byte* v_tile = tiles + 128 * 256;
     if constexpr (kRegisterV) {
-      // Nothing to widen: each warp converts its own keys' K and V codes.
-    } else if constexpr (kRegisterK) {
-      if (entry_page(e) >= 0) {
-        widen_planes<Traits::kThreads, kFormat, Elem, 1>(tiles + raw_plane_bytes<kFormat>(),
-                                                         widened + 128 * 256);
+      // Nothing to widen: the warp converts its keys' K and V codes in registers.
+    } else if constexpr (kWarpRings) {
+      if (first_key + raw_key0 <= my_pos) {  // the ring wait's warp barrier freed the tile
+        widen_planes<32, kFormat, Elem, 1, Traits::kWarpKeys>(
+            v_raw, ring_base + kStages * kStageBytes, lane);
       }
-      __syncthreads();
-      tiles = widened;
+      __syncwarp();
+      v_tile = ring_base + kStages * kStageBytes;
     } else if constexpr (kWiden) {
-      if (entry_page(e) >= 0) widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened);
+      if (entry_page(e) >= 0)
+        widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened, threadIdx.x);
       __syncthreads();
-      tiles = widened;
+      k_tile = widened;
+      v_tile = widened + 128 * 256;
     }
     if (!((entry_mask(e) >> warp_row) & 1u)) continue;
-    const std::byte* k_tile = tiles;
-    const std::byte* v_tile = tiles + 128 * 256;
-    const std::int64_t first_key = entry_block(e) * 128;
 #pragma unroll 1
     for (int kc = 0; kc < Traits::kWarpKeys / Traits::kChunkKeys; ++kc) {
       const int key0 = key_part * Traits::kWarpKeys + kc * Traits::kChunkKeys;
@@ -266,15 +274,11 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       for (auto& n : scores[0]) {
         for (float& x : n) x = 0.0f;
       }
-      if constexpr (kRegisterK) {
+      if constexpr (kWarpRings) {
         const auto q = [&](int step, std::uint32_t(&a)[4]) {
-          if constexpr (kRegisterV) {
-            load_a_fragment(a, q_tile, 0, step, lane);
-          } else {
-            for (int r = 0; r < 4; ++r) a[r] = qf[step][0][r];
-          }
+          load_a_fragment(a, q_tile, 0, step, lane);
         };
-        register_qk<kFormat, kNT>(scores[0], q, k_raw, key0 - raw_key0, lane);
+        register_qk<kFormat, kNT, Traits::kWarpKeys>(scores[0], q, k_raw, key0 - raw_key0, lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -342,7 +346,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         if constexpr (kRegisterV) {
           register_pv<kFormat>(o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         } else {
-          pv_step<Elem>(o, a, v_tile, key0 + 16 * kk, keep_lo, keep_hi, lane);
+          pv_step<Elem>(o, a, v_tile, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         }
       }
     }
@@ -356,8 +360,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   // The key parts' partials, then (cluster splits) the CTA's merged rows for the other splits.
   constexpr int kSplitRowFloats = Traits::kClusterSplits ? Traits::kRows * 16 * 129 : 0;
   static_assert((Traits::kWarps * 16 * (Traits::kPartialStride + 2) + kSplitRowFloats) * 4 <=
-                (kRegisterV ? Traits::kWarps : 1) * kStages * kStageBytes +
-                    (kWiden && !kRegisterV ? 2 * 128 * 256 : 0));
+                (kWarpRings ? Traits::kWarps * attention_warp_region_bytes<Traits, kFormat>()
+                            : kStages * kStageBytes + (kWiden ? 2 * 128 * 256 : 0)));
   float* part_o = reinterpret_cast<float*>(stages);
   float* part_max = part_o + Traits::kWarps * 16 * Traits::kPartialStride;
   float* part_sum = part_max + Traits::kWarps * 16;

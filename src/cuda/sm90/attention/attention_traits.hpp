@@ -37,18 +37,24 @@ using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
 
-// 1-row tiles (decode, dql 1) of an E4M3 / E5M2 cache with bf16 queries convert K and V in
-// registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp streams
-// them through a ring of its own (no CTA barrier a page, no widened tiles).
+// 1-row tiles (decode) of an E4M3 / E5M2 / NVFP4 cache with bf16 queries convert K (and E4M3 /
+// E5M2 V) in registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp
+// streams them through a ring of its own (no CTA barrier a page); NVFP4 values are widened by the
+// warp into a 16-bit tile of its own.
 template <class Traits, KvFormat kFormat, class Elem>
 constexpr bool attention_warp_rings() {
   return Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16> &&
-         (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+         kFormat != KvFormat::kNative16;
 }
-// A warp ring's stage: the warp's keys' K rows, then their V rows (one byte a value).
-template <class Traits>
+// A warp ring's stage: the warp's keys' K rows, then their V rows (raw planes of kWarpKeys tokens).
+template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_stage_bytes() {
-  return 2 * Traits::kWarpKeys * 128;
+  return 2 * raw_plane_bytes<kFormat, Traits::kWarpKeys>();
+}
+// A warp's own widened V tile (NVFP4 only).
+template <class Traits, KvFormat kFormat>
+constexpr int attention_warp_widened_bytes() {
+  return kFormat == KvFormat::kNvfp4 ? Traits::kWarpKeys * 256 : 0;
 }
 // CTAs an SM holds: warp-ring CTAs are sized for two (<= 128 registers a thread, half the shared
 // memory each: 16 warps a scheduler pair hide each other's latency), the others take one.
@@ -56,14 +62,22 @@ template <class Traits, KvFormat kFormat, class Elem>
 constexpr int attention_ctas_per_sm() {
   return attention_warp_rings<Traits, kFormat, Elem>() ? 2 : 1;
 }
-// Stages of each warp's ring: what fits beside the queries and the union lists with two CTAs an
-// SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared memory): 3 of 4 KB for
-// the decode traits' 8 warps of 16 keys, 4 pages' worth of bytes in flight an SM.
-template <class Traits>
+// Stages of each warp's ring: what fits beside the queries, the union lists and the widened tile
+// with two CTAs an SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared
+// memory). The decode traits' 8 warps of 16 keys: 3 fp8 stages of 4 KB, 4 NVFP4 ones of 2.25 KB.
+template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_ring_stages() {
   constexpr int kPerCta = 228 * 1024 / 2 - 1024 - 1280;
   constexpr int fixed = Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12;
-  return (kPerCta - fixed) / (Traits::kWarps * attention_warp_stage_bytes<Traits>());
+  return ((kPerCta - fixed) / Traits::kWarps - attention_warp_widened_bytes<Traits, kFormat>()) /
+         attention_warp_stage_bytes<Traits, kFormat>();
+}
+// A warp's share of the shared memory: its ring, then its widened tile.
+template <class Traits, KvFormat kFormat>
+constexpr int attention_warp_region_bytes() {
+  return attention_warp_ring_stages<Traits, kFormat>() *
+             attention_warp_stage_bytes<Traits, kFormat>() +
+         attention_warp_widened_bytes<Traits, kFormat>();
 }
 
 // A page in a raw stage: its K plane, then its V plane.
@@ -100,8 +114,7 @@ template <class Traits, KvFormat kFormat, class Elem>
 constexpr int attention_smem_bytes() {
   if constexpr (attention_warp_rings<Traits, kFormat, Elem>()) {
     return Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12 +
-           Traits::kWarps * attention_warp_ring_stages<Traits>() *
-               attention_warp_stage_bytes<Traits>();
+           Traits::kWarps * attention_warp_region_bytes<Traits, kFormat>();
   } else {
     return attention_fixed_smem_bytes<Traits, kFormat>() +
            attention_stages<Traits, kFormat>() * kv_raw_page_bytes<kFormat>();

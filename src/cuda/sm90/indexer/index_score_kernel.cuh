@@ -176,7 +176,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
     const bool page_ok = page_of(i) >= 0;
     const std::byte* k_tile = ring.stage(i);
     if constexpr (kConvert) {
-      if (page_ok) widen_planes<Traits::kThreads, kFormat, __nv_bfloat16, 1>(k_tile, widened);
+      if (page_ok)
+        widen_planes<Traits::kThreads, kFormat, __nv_bfloat16, 1>(k_tile, widened, threadIdx.x);
       __syncthreads();
       k_tile = widened;
     }
