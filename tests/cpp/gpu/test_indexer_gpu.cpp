@@ -57,6 +57,19 @@ TEST_P(IndexerGpu, DecodeMatchesOracleWithPaddingRows) {
   }
 }
 
+// A batch of 21 requests whose table is 1024 blocks wide: each CTA of the decode scoring takes 11
+// pages of a request (2112 CTAs / 21 requests = 101 splits of the width), so the long request's
+// pages go through more than one group of the warp rings' merged block maxima (8 pages).
+TEST_P(IndexerGpu, DecodeSplitsOfManyPages) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  std::vector<std::int64_t> lens = {131072 - 5};
+  for (int r = 1; r <= 20; ++r) lens.push_back(r * 97 % 3001);
+  for (int q : {1, 4}) {
+    SCOPED_TRACE(q);
+    check_gpu(test::make_decode(test::config_for(GetParam()), lens, q, 60 + q));
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Configs, IndexerGpu, ::testing::ValuesIn(test::index_cases()),
                          [](const ::testing::TestParamInfo<test::IndexCase>& param_info) {
                            return param_info.param.name;

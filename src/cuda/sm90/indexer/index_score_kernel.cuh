@@ -28,8 +28,9 @@
 namespace flashmsa::cuda {
 
 // ---- NVFP4 keys widened in registers (the decode tiles; register_keys.cuh) ----------------
-// S = Q K^T over all 128 dims for this warp's kNT x 8 keys from key0 of an NVFP4 raw stage.
-template <int kMT, int kNT>
+// S = Q K^T over all 128 dims for this warp's kNT x 8 keys from key0 of an NVFP4 raw stage of
+// kPlaneKeys tokens.
+template <int kMT, int kNT, int kPlaneKeys>
 __device__ __forceinline__ void nvfp4_qk_page(float (&acc)[kMT][kNT][4], const std::byte* q_tile,
                                               int row0, const std::byte* stage, int key0,
                                               int lane) {
@@ -40,7 +41,7 @@ __device__ __forceinline__ void nvfp4_qk_page(float (&acc)[kMT][kNT][4], const s
     const int key = key0 + nt * 8 + lane / 4;
     codes[nt] = *reinterpret_cast<const uint4*>(stage + key * 64 + (lane % 4) * 16);
     const std::uint32_t pair =
-        *reinterpret_cast<const std::uint16_t*>(stage + 128 * 64 + key * 8 + (lane % 4) * 2);
+        *reinterpret_cast<const std::uint16_t*>(stage + kPlaneKeys * 64 + key * 8 + (lane % 4) * 2);
     const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
     scales[nt][0] = convert::prmt(both, 0, 0x1010u);
     scales[nt][1] = convert::prmt(both, 0, 0x3232u);
@@ -75,12 +76,18 @@ __global__ void __launch_bounds__(Traits::kThreads)
   constexpr bool kFp8Mma = index_score_uses_fp8_mma<kFormat, kQueryFp8>();
   constexpr bool kConvert = index_score_widens_in_shared<Traits, kFormat, kQueryFp8>();
   constexpr bool kRegisterCodes = index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
+  constexpr bool kWarpRings = index_score_warp_rings<Traits, kFormat, kQueryFp8>();
+  // A stage: the page's keys, or (kWarpRings) the warp's kWarpCols keys of it.
+  constexpr int kStageKeys = kWarpRings ? Traits::kWarpCols : 128;
+  constexpr int kStageBytes = raw_plane_bytes<kFormat, kStageKeys>();
+  constexpr int kGroup = kWarpRings ? kIndexScoreMaxGroup : 1;  // pages a CTA merge covers
   wait_for_previous_kernel();  // launched as a dependent of the step's previous kernel
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
   std::byte* stages = q_tile + Traits::kVectors * (kFp8Mma ? 128 : 256);
-  std::byte* widened = stages + Traits::kStages * raw_plane_bytes<kFormat>();
+  std::byte* widened = stages + (kWarpRings ? Traits::kWarpsN : 1) * Traits::kStages * kStageBytes;
+  // [kGroup pages][kWarpsN][kVectors]: each warp's block maxima.
   float* partial_max = reinterpret_cast<float*>(widened + (kConvert ? 128 * 256 : 0));
 
   const int hidx = p.num_index_heads;
@@ -100,15 +107,25 @@ __global__ void __launch_bounds__(Traits::kThreads)
     return page >= 0 && page < p.num_pages ? page : -1;
   };
 
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
+
   // Pages first (they take longest), then the queries.
-  const CpAsyncPageRing<Traits::kStages, raw_plane_bytes<kFormat>()> ring{stages};
+  using Ring = CpAsyncPageRing<Traits::kStages, kStageBytes,
+                               kWarpRings ? RingScope::kWarp : RingScope::kCta>;
+  const Ring ring{kWarpRings ? stages + warp * Traits::kStages * kStageBytes : stages};
   auto fill = [&](int i) {
     ring.fill(i, [&](std::byte* stage) {
       // The index cache has one head; every token is loaded (keys past a row's position are
       // masked after the MMA).
       const std::int64_t page = i < num_blocks ? page_of(i) : -1;
-      if (page >= 0)
+      if (page < 0) return;
+      if constexpr (kWarpRings) {
+        load_raw_rows_warp<kStageKeys, kFormat>(p.keys, p.key_scales, page, 0, warp_n * kStageKeys,
+                                                kStageKeys, stage, lane);
+      } else {
         load_raw_plane<Traits::kThreads, kFormat>(p.keys, p.key_scales, page, 0, 128, stage);
+      }
     });
   };
   for (int s = 0; s < Traits::kStages - 1; ++s) fill(s);
@@ -164,9 +181,32 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   }
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
   const float nan = __int_as_float(0x7fc00000);
+  // kWarpRings: the queries are read by every warp; before, each thread's own copies are complete
+  // (the ring waits only on pages).
+  if constexpr (kWarpRings) __syncthreads();
+  // kWarpRings: the CTA's block maxima of pages [i0, i0 + count) to the scores, merged over the
+  // warps.
+  auto store_maxima = [&](int i0, int count) {
+    for (int item = threadIdx.x; item < count * Traits::kVectors; item += Traits::kThreads) {
+      const int j = item / Traits::kVectors, v = item % Traits::kVectors;
+      const int row = v / hidx, head = v % hidx;
+      const std::int64_t pos = tile.pos + row;
+      const std::int64_t block = block_begin + i0 + j;
+      if (row < tile.rows && pos >= 0 && block <= pos / 128) {
+        const float* slot = partial_max + (i0 + j) % kGroup * Traits::kWarpsN * Traits::kVectors;
+        float m = slot[v];
+#pragma unroll
+        for (int w = 1; w < Traits::kWarpsN; ++w) m = fmaxf(m, slot[w * Traits::kVectors + v]);
+        // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
+        // CPU.
+        if (page_of(i0 + j) < 0 || m == -1e30f) m = nan;
+        p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
+                     p.max_blocks +
+                 block] = m;
+      }
+    }
+  };
 
   for (int i = 0; i < num_blocks; ++i) {
     ring.wait(i);
@@ -175,6 +215,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     const std::int64_t block = block_begin + i;
     const bool page_ok = page_of(i) >= 0;
     const std::byte* k_tile = ring.stage(i);
+    const int key0 = kWarpRings ? 0 : warp_n * Traits::kWarpCols;  // the warp's first key there
     if constexpr (kConvert) {
       if (page_ok)
         widen_planes<Traits::kThreads, kFormat, __nv_bfloat16, 1>(k_tile, widened, threadIdx.x);
@@ -190,8 +231,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     if (page_ok) {
       if constexpr (kRegisterCodes) {
-        nvfp4_qk_page(acc, q_tile, warp_m * Traits::kWarpRows, k_tile, warp_n * Traits::kWarpCols,
-                      lane);
+        nvfp4_qk_page<Traits::kMTiles, Traits::kNTiles, kStageKeys>(
+            acc, q_tile, warp_m * Traits::kWarpRows, k_tile, key0, lane);
       } else {
         using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
         // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
@@ -203,8 +244,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
           for (int mt = 0; mt < Traits::kMTiles; ++mt) {
             load_a_fragment<MmaElem>(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
           }
-          qk_step<MmaElem, Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile,
-                                                             warp_n * Traits::kWarpCols, ks, lane);
+          qk_step<MmaElem, Traits::kMTiles, Traits::kNTiles>(acc, a, k_tile, key0, ks, lane);
         }
       }
     }
@@ -236,8 +276,20 @@ __global__ void __launch_bounds__(Traits::kThreads)
         float m = best.key();
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        if (lane % 4 == 0) partial_max[warp_n * Traits::kVectors + v] = m;
+        if (lane % 4 == 0) {
+          partial_max[((i % kGroup) * Traits::kWarpsN + warp_n) * Traits::kVectors + v] = m;
+        }
       }
+    }
+    if constexpr (kWarpRings) {
+      // After each group of pages the CTA merges and stores them; the second barrier frees the
+      // slots for the next group.
+      if (i % kGroup == kGroup - 1 || i == num_blocks - 1) {
+        __syncthreads();
+        store_maxima(i - i % kGroup, i % kGroup + 1);
+        __syncthreads();
+      }
+      continue;
     }
     __syncthreads();
     // One (row, index head) per thread: kVectors <= kThreads in every tile shape.
