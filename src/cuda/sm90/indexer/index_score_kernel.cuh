@@ -2,13 +2,15 @@
 //
 // A CTA holds its tile's index queries (kVectors (row, index head) pairs x 128 dims, bf16) in
 // shared memory and streams the tile's visible pages through the cp.async ring of
-// page_pipeline.cuh. Per page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile
-// kWarpRows x kWarpCols), mask keys after each row's position, reduce each row to its block max
-// (rank order: NaN as -1e30) and write one fp32 per (index head, row, block). E4M3 keys scored by
-// E4M3 queries (the fp8 indexer) go straight from the page stage into fp8 tensor-core MMAs; NVFP4
-// keys on the decode tiles are widened in registers into the bf16 MMA's fragments (nvfp4_qk_page);
-// the other quantized keys are widened to bf16 in shared memory (exactly: every format is a subset
-// of bf16) for the bf16 path.
+// page_pipeline.cuh (on the 16-vector decode tile of E4M3 x E4M3 or NVFP4 keys, each warp streams
+// its own keys through a ring of its own and the block maxima are merged once per 8 pages). Per
+// page, warps compute S = Q K^T with warp_mma.cuh's pieces (warp tile kWarpRows x kWarpCols), mask
+// keys after each row's position, reduce each row to its block max (rank order: NaN as -1e30) and
+// write one fp32 per (index head, row, block). E4M3 keys scored by E4M3 queries (the fp8 indexer)
+// go straight from the page stage into the E4M3 mma.sync (which ptxas expands into conversions and
+// f16 MMAs on sm_90); NVFP4 keys on the decode tiles are widened in registers into the bf16 MMA's
+// fragments (nvfp4_qk_page); the other quantized keys are widened to bf16 in shared memory
+// (exactly: every format is a subset of bf16) for the bf16 path.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -182,8 +184,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   }
 
   const float nan = __int_as_float(0x7fc00000);
-  // kWarpRings: the queries are read by every warp; before, each thread's own copies are complete
-  // (the ring waits only on pages).
+  // The queries (plain stores by every thread) reach every warp by this barrier: with warp rings
+  // the page waits are warp barriers only.
   if constexpr (kWarpRings) __syncthreads();
   // kWarpRings: the CTA's block maxima of pages [i0, i0 + count) to the scores, merged over the
   // warps.
