@@ -23,8 +23,9 @@ using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
 using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
 using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
 
-// E4M3 keys against E4M3 queries (the fp8 indexer) are multiplied as they are, on fp8 tensor
-// cores; every other pairing of a quantized cache is widened to bf16 first (below: where).
+// E4M3 keys against E4M3 queries (the fp8 indexer) are multiplied as they are by the E4M3
+// mma.sync (on sm_90 ptxas expands it into f16 conversions and f16 MMAs); every other pairing of a
+// quantized cache is widened to bf16 first (below: where).
 template <KvFormat kFormat, bool kQueryFp8>
 constexpr bool index_score_uses_fp8_mma() {
   return kFormat == KvFormat::kE4m3 && kQueryFp8;
