@@ -1,10 +1,9 @@
 // Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16), for the
 // kernels whose warps each convert keys no other warp converts (the decode index scoring, the
 // 1-row decode attention), and fp8 values into P V's (f16): no shared-memory widening pass, no
-// widening barrier. The k order inside
-// each MMA step is permuted so that a thread's codes come from one contiguous, conflict-free
-// shared-memory read; the query side is stored (or gathered) in the same order: a dot product
-// does not depend on its order.
+// widening barrier. The k order inside each MMA step is permuted so that a thread's codes come
+// from one contiguous, conflict-free shared-memory read; the query side is stored (or gathered) in
+// the same order: a dot product does not depend on its order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -106,12 +105,13 @@ __device__ void permute_query_tile(std::byte* tile) {
   __syncthreads();
 }
 
-// S += Q K^T over all 128 dims for kNT x 8 keys from key0 of a raw K plane of kPlaneKeys tokens
-// (load_raw_plane's layout, or load_raw_rows_warp's); q(s, a) gives the A fragment of step s in
-// register_dim's order (load_a_fragment of a permute_query_tile'd tile, or registers holding
-// those). All the keys' codes are read first, then each step's A fragment serves every key column.
-template <KvFormat kFormat, int kNT, int kPlaneKeys = 128, class QFragment>
-__device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
+// S += Q K^T over all 128 dims for kMT row tiles x kNT x 8 keys from key0 of a raw K plane of
+// kPlaneKeys tokens (load_raw_plane's layout, or load_raw_rows_warp's); q(s, a) gives the kMT A
+// fragments of step s in register_dim's order (load_a_fragment of a tile stored or permuted in
+// that order). All the keys' codes are read first, then each step's A fragments serve every key
+// column: each key is widened once for all row tiles.
+template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class QFragments>
+__device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
     uint4 codes[kNT];
@@ -128,7 +128,7 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      std::uint32_t a[4];
+      std::uint32_t a[kMT][4];
       q(s, a);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -139,7 +139,8 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
         } else {
           nvfp4_b_fragment<1>(word, scales[nt][s / 4], b0, b1);
         }
-        mma_bf16_16816(acc[nt], a, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
       }
     }
   } else {
@@ -156,7 +157,7 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      std::uint32_t a[4];
+      std::uint32_t a[kMT][4];
       q(s, a);
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
@@ -169,7 +170,8 @@ __device__ __forceinline__ void register_qk(float (&acc)[kNT][4], QFragment&& q,
           b0 = convert::e5m2x2_to_bf16x2_bits(word, 0);
           b1 = convert::e5m2x2_to_bf16x2_bits(word, 1);
         }
-        mma_bf16_16816(acc[nt], a, b0, b1);
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
       }
     }
   }

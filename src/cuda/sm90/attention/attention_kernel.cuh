@@ -275,10 +275,10 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         for (float& x : n) x = 0.0f;
       }
       if constexpr (kWarpRings) {
-        const auto q = [&](int step, std::uint32_t(&a)[4]) {
-          load_a_fragment(a, q_tile, 0, step, lane);
+        const auto q = [&](int step, std::uint32_t(&a)[1][4]) {
+          load_a_fragment(a[0], q_tile, 0, step, lane);
         };
-        register_qk<kFormat, kNT, Traits::kWarpKeys>(scores[0], q, k_raw, key0 - raw_key0, lane);
+        register_qk<kFormat, 1, kNT, Traits::kWarpKeys>(scores, q, k_raw, key0 - raw_key0, lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {

@@ -9,7 +9,7 @@
 // write one fp32 per (index head, row, block). E4M3 keys scored by E4M3 queries (the fp8 indexer)
 // go straight from the page stage into the E4M3 mma.sync (which ptxas expands into conversions and
 // f16 MMAs on sm_90); NVFP4 keys on the decode tiles are widened in registers into the bf16 MMA's
-// fragments (nvfp4_qk_page); the other quantized keys are widened to bf16 in shared memory
+// fragments (register_qk); the other quantized keys are widened to bf16 in shared memory
 // (exactly: every format is a subset of bf16) for the bf16 path.
 #pragma once
 
@@ -28,49 +28,6 @@
 #include "src/cuda/sm90/warp_mma.cuh"
 
 namespace flashmsa::cuda {
-
-// ---- NVFP4 keys widened in registers (the decode tiles; register_keys.cuh) ----------------
-// S = Q K^T over all 128 dims for this warp's kNT x 8 keys from key0 of an NVFP4 raw stage of
-// kPlaneKeys tokens.
-template <int kMT, int kNT, int kPlaneKeys>
-__device__ __forceinline__ void nvfp4_qk_page(float (&acc)[kMT][kNT][4], const std::byte* q_tile,
-                                              int row0, const std::byte* stage, int key0,
-                                              int lane) {
-  uint4 codes[kNT];
-  std::uint32_t scales[kNT][2];  // bf16x2 of block 2 t's scale, of block 2 t + 1's
-#pragma unroll
-  for (int nt = 0; nt < kNT; ++nt) {
-    const int key = key0 + nt * 8 + lane / 4;
-    codes[nt] = *reinterpret_cast<const uint4*>(stage + key * 64 + (lane % 4) * 16);
-    const std::uint32_t pair =
-        *reinterpret_cast<const std::uint16_t*>(stage + kPlaneKeys * 64 + key * 8 + (lane % 4) * 2);
-    const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
-    scales[nt][0] = convert::prmt(both, 0, 0x1010u);
-    scales[nt][1] = convert::prmt(both, 0, 0x3232u);
-  }
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      std::uint32_t a[kMT][4];
-#pragma unroll
-      for (int mt = 0; mt < kMT; ++mt)
-        load_a_fragment(a[mt], q_tile, row0 + mt * 16, 2 * w + h, lane);
-#pragma unroll
-      for (int nt = 0; nt < kNT; ++nt) {
-        const std::uint32_t word = (&codes[nt].x)[w];
-        std::uint32_t b0, b1;
-        if (h == 0) {
-          nvfp4_b_fragment<0>(word, scales[nt][w / 2], b0, b1);
-        } else {
-          nvfp4_b_fragment<1>(word, scales[nt][w / 2], b0, b1);
-        }
-#pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
-      }
-    }
-  }
-}
 
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 __global__ void __launch_bounds__(Traits::kThreads)
@@ -233,8 +190,14 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
     if (page_ok) {
       if constexpr (kRegisterCodes) {
-        nvfp4_qk_page<Traits::kMTiles, Traits::kNTiles, kStageKeys>(
-            acc, q_tile, warp_m * Traits::kWarpRows, k_tile, key0, lane);
+        const auto q = [&](int step, std::uint32_t(&a)[Traits::kMTiles][4]) {
+#pragma unroll
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+            load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, step, lane);
+          }
+        };
+        register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys>(acc, q, k_tile, key0,
+                                                                           lane);
       } else {
         using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
         // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
