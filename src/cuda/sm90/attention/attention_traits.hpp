@@ -37,6 +37,12 @@ using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
 
+// Shared memory before the pages: the queries and the union lists.
+template <class Traits>
+constexpr int attention_query_and_union_bytes() {
+  return Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12;
+}
+
 // 1-row tiles (decode) of an E4M3 / E5M2 / NVFP4 cache with bf16 queries convert K (and E4M3 /
 // E5M2 V) in registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp
 // streams them through a ring of its own (no CTA barrier a page); NVFP4 values are widened by the
@@ -68,7 +74,7 @@ constexpr int attention_ctas_per_sm() {
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_ring_stages() {
   constexpr int kPerCta = 228 * 1024 / 2 - 1024 - 1280;
-  constexpr int fixed = Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12;
+  constexpr int fixed = attention_query_and_union_bytes<Traits>();
   return ((kPerCta - fixed) / Traits::kWarps - attention_warp_widened_bytes<Traits, kFormat>()) /
          attention_warp_stage_bytes<Traits, kFormat>();
 }
@@ -89,10 +95,8 @@ constexpr int kv_raw_page_bytes() {
 // Shared memory besides the ring: the queries, the union lists and the widened K / V tiles.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_fixed_smem_bytes() {
-  constexpr int q = Traits::kRows * 16 * 256;
-  constexpr int union_lists = Traits::kMaxUnion * 12;
   constexpr int widened = kFormat == KvFormat::kNative16 ? 0 : 2 * 128 * 256;
-  return q + union_lists + widened;
+  return attention_query_and_union_bytes<Traits>() + widened;
 }
 
 // The ring's stages for pages of kFormat: as many bytes as the bf16 ring (a CTA of smaller pages
@@ -113,7 +117,7 @@ constexpr int attention_stages() {
 template <class Traits, KvFormat kFormat, class Elem>
 constexpr int attention_smem_bytes() {
   if constexpr (attention_warp_rings<Traits, kFormat, Elem>()) {
-    return Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12 +
+    return attention_query_and_union_bytes<Traits>() +
            Traits::kWarps * attention_warp_region_bytes<Traits, kFormat>();
   } else {
     return attention_fixed_smem_bytes<Traits, kFormat>() +
