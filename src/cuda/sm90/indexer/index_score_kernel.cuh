@@ -256,8 +256,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
       continue;
     }
+    // Every page on its own (store_maxima(i, 1) computes the same, but made the prefill E4M3
+    // instance spill). One (row, index head) per thread: kVectors <= kThreads in every tile shape.
     __syncthreads();
-    // One (row, index head) per thread: kVectors <= kThreads in every tile shape.
     static_assert(Traits::kVectors <= Traits::kThreads);
     if (const int v = threadIdx.x; v < Traits::kVectors) {
       const int row = v / hidx, head = v % hidx;
