@@ -35,11 +35,20 @@ __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32
 
 // ---- E4M3 ----
 
-// The hardware conversion (F2FP): codes pair 0 or 1 of the word to f16x2.
+// The hardware conversion (F2FP): codes pair 0 or 1 of the word to f16x2. The pair is taken as a
+// half of the 32-bit register (mov.b32 {lo, hi}), so that ptxas reads it with F2FP's .H1 operand
+// selector instead of shifting first.
 __device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2(std::uint32_t codes, int pair) {
-  const auto two = static_cast<std::uint16_t>(codes >> (16 * pair));
   std::uint32_t r;
-  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(two));
+  if (pair == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}"
+        : "=r"(r)
+        : "r"(codes));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, hi;\n}"
+        : "=r"(r)
+        : "r"(codes));
+  }
   return r;
 }
 
