@@ -336,9 +336,11 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
                                     pack2<PvElem>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
                                     pack2<PvElem>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
         // Keys after this row's position have P = 0, but 0 x NaN is NaN: their values (written
-        // for later rows, possibly non-finite) are zeroed in the fragment (see pv_step).
+        // for later rows, possibly non-finite) are zeroed in the fragment (see pv_step). Not on
+        // warp-ring tiles: one row, whose stage rows past its position were zero-filled, never
+        // read (the fill's limit is that row's position), so the masks are constant.
         std::uint32_t keep_lo = 0xFFFFFFFFu, keep_hi = 0xFFFFFFFFu;
-        if (!all_visible) {
+        if (!kWarpRings && !all_visible) {
           const std::int64_t k = first_key + key0 + 16 * kk + 2 * (lane % 4);
           keep_lo = (k <= my_pos ? 0x0000FFFFu : 0u) | (k + 1 <= my_pos ? 0xFFFF0000u : 0u);
           keep_hi = (k + 8 <= my_pos ? 0x0000FFFFu : 0u) | (k + 9 <= my_pos ? 0xFFFF0000u : 0u);
