@@ -453,6 +453,42 @@ void check_long_context_union(const AttentionBackend& b) {
   check_against_oracle(s, run, &topk, width, b.probabilities);
 }
 
+void check_query_range(const AttentionBackend& b) {
+  // Per-head binary exponents (each head's N(0, 1) query times 2^shift); kZero: all zeros;
+  // kSpread: element e times 2^-(e % 41), so one head spans 40 binades.
+  constexpr int kZero = 1000, kSpread = 1001;
+  const int shifts[] = {0, -100, 2, kZero, -30, kSpread, -131, 1};
+  for (DType kv : {DType::kFp8E4m3, DType::kFp8E5m2}) {
+    SCOPED_TRACE(::testing::Message() << "kv cache " << to_string(kv));
+    Config c;
+    c.kv_cache_dtype = kv;
+    for (int dql : {0, 1, 4}) {  // 0: prefill
+      SCOPED_TRACE(::testing::Message() << "decode_query_len " << dql);
+      Scenario s = dql == 0 ? make_prefill(c, {{0, 130}, {2000, 7}}, 95)
+                            : make_decode(c, {2049, 300, 17 * 128 + 5}, dql, 96 + dql);
+      s.k_scale = 0.5f;
+      const std::int64_t hq = c.resolve_heads().num_attention_heads, d = c.head_dim;
+      for (std::int64_t t = 0; t < s.num_rows; ++t) {
+        for (std::int64_t head = 0; head < hq; ++head) {
+          const int shift = shifts[(head + t) % 8];
+          for (std::int64_t e = 0; e < d; ++e) {
+            const std::size_t i = static_cast<std::size_t>((t * hq + head) * d + e);
+            const int by = shift == kSpread ? -static_cast<int>(e % 41) : shift;
+            const float x =
+                shift == kZero ? 0.0f : static_cast<float>(std::ldexp(s.q_values[i], by));
+            s.q[i] = fmt::float_to_bf16(x);  // rounded where 2^-131 makes it subnormal
+            s.q_values[i] = fmt::bf16_to_float(s.q[i]);
+          }
+        }
+      }
+      const auto topk = indexer_topk(s);
+      const std::int64_t width = c.sparse_topk_blocks;
+      const AttnRun run = run_attention(s, Kind::kSparse, &topk, width, DType::kFp32, b.run);
+      check_against_oracle(s, run, &topk, width, b.probabilities);
+    }
+  }
+}
+
 void check_non_finite(const AttentionBackend& b) {
   for (DType kv : {DType::kBf16, DType::kFp8E4m3}) {
     SCOPED_TRACE(::testing::Message() << "kv cache " << to_string(kv));

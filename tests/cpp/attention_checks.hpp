@@ -90,6 +90,12 @@ void check_long_context_union(const AttentionBackend& b);
 // (earlier positions of the same block, other heads, unselected blocks) match the oracle.
 void check_non_finite(const AttentionBackend& b);
 
+// Queries of any range on E4M3 / E5M2 caches (k scale 0.5), prefill and decode (dql 1 and 4):
+// heads scaled by 2^-131 (bf16 subnormals), 2^-100, 2^-30, 1, 2, 4, all zero, and one head whose
+// elements span 40 binades; fp32 outputs against the oracle. (The 1-row GPU decode tiles scale
+// each head's queries by a power of two into f16 for QK^T: this is the range they must keep.)
+void check_query_range(const AttentionBackend& b);
+
 // The CPU indexer's top-k lists for a scenario ([Hkv, T, topk]).
 std::vector<std::int32_t> indexer_topk(const Scenario& s);
 // The oracle check of raw outputs ([T, Hq, D] of `out_dtype`, lse [T, Hq]) of a sparse run over

@@ -54,6 +54,10 @@ TEST(Attention, NonFiniteInputsAreNeverHidden) {
   test::check_non_finite(kCpu);
 }
 
+TEST(Attention, QueriesOfAnyRangeOnFp8Caches) {
+  test::check_query_range(kCpu);
+}
+
 // The decode plan by capacity: one buffer serves the indexer and the attention of every smaller
 // decode batch (the CUDA ops require exactly these sizes; the GPU graph test runs on such a
 // buffer). The decode attention itself needs none: its splits merge inside a cluster.

@@ -1,4 +1,5 @@
-// Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16), for the
+// Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16; f16 for
+// E4M3 / E5M2 keys against f16-scaled queries, see permute_query_tile), for the
 // kernels whose warps each convert keys no other warp converts (the decode index scoring, the
 // 1-row decode attention), and fp8 values into P V's (f16): no shared-memory widening pass, no
 // widening barrier. The k order inside each MMA step is permuted so that a thread's codes come
@@ -10,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/sm90/convert.cuh"
@@ -63,6 +65,15 @@ __host__ __device__ constexpr int fp8_register_dim(int step, int kappa) {
   return 32 * t + 4 * step + 2 * high + odd;
 }
 
+// A code pair to f16x2, exactly (both formats' values are f16 values): one F2FP for E4M3, one byte
+// move for E5M2 (its codes are the high bytes of the f16s).
+template <KvFormat kFormat>
+__device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t codes, int pair) {
+  static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  return kFormat == KvFormat::kE4m3 ? convert::e4m3x2_to_f16x2(codes, pair)
+                                    : convert::e5m2x2_to_f16x2(codes, pair);
+}
+
 template <KvFormat kFormat>
 __host__ __device__ constexpr int register_dim(int step, int kappa) {
   return kFormat == KvFormat::kNvfp4 ? nvfp4_register_dim(step, kappa)
@@ -81,11 +92,20 @@ constexpr bool register_order_is_a_permutation() {
 }
 static_assert(register_order_is_a_permutation<KvFormat::kE4m3>());
 
-// Rewrites a swizzled 16-bit tile of 16 query rows in place into register_dim's k order: column
+// Rewrites a swizzled bf16 tile of 16 query rows in place into register_dim's k order: column
 // 16 s + kappa then holds dim register_dim(s, kappa), so that load_a_fragment reads the permuted A
 // fragment of step s. By all 256 threads of the CTA, once (CTA barriers inside).
+//
+// With f16_restore (the f16 route of register_qk, E4M3 / E5M2 keys) each row is also scaled by a
+// power of two 2^E and stored as f16; f16_restore[row] = 2^-E turns its scores back. E puts the
+// row's largest finite magnitude in [2^15, 2^16), so that every element within 2^32 of it is
+// exact in f16 (bf16's 8 significant bits stay on f16's grid down to 2^-17): the scores are those
+// of the bf16 row, and Inf / NaN elements stay what they are. Elements more than 2^32 below the
+// row's largest are rounded to f16's subnormal grid, an error under 2^-40 of that largest value
+// per element, far below the fp32 accumulation's own. E is clamped to [-112, 126] (an all-zero or
+// all-subnormal row gets 2^126), so 2^E and 2^-E are normal floats.
 template <int kThreads, KvFormat kFormat>
-__device__ void permute_query_tile(std::byte* tile) {
+__device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr) {
   static_assert(kThreads == 16 * 16, "a thread per (row, 16-byte chunk)");
   const int row = threadIdx.x / 16, chunk = threadIdx.x % 16;
   const auto element = [&](int dim) {
@@ -99,6 +119,26 @@ __device__ void permute_query_tile(std::byte* tile) {
     w[j] = element(register_dim<kFormat>(step, kappa)) |
            element(register_dim<kFormat>(step, kappa + 1)) << 16;
   }
+  if (f16_restore != nullptr) {
+    // The row's 16 threads are 16 consecutive lanes of one warp.
+    std::uint32_t largest = 0;  // bits of the largest finite magnitude (ordered as integers)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const std::uint32_t magnitude = (w[j / 2] << (j % 2 == 0 ? 16 : 0)) & 0x7FFF0000u;
+      if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
+    }
+#pragma unroll
+    for (int offset = 1; offset < 16; offset *= 2)
+      largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+    const int e = min(126, 142 - static_cast<int>(largest >> 23));  // 15 - (exponent - 127)
+    const float scale = __uint_as_float(static_cast<std::uint32_t>(e + 127) << 23);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float lo = __uint_as_float(w[j] << 16), hi = __uint_as_float(w[j] & 0xFFFF0000u);
+      w[j] = pack2<__half>(lo * scale, hi * scale);
+    }
+    if (chunk == 0) f16_restore[row] = __uint_as_float(static_cast<std::uint32_t>(127 - e) << 23);
+  }
   __syncthreads();
   *reinterpret_cast<uint4*>(tile + swizzled_chunk(row, chunk) * 16) =
       make_uint4(w[0], w[1], w[2], w[3]);
@@ -109,8 +149,10 @@ __device__ void permute_query_tile(std::byte* tile) {
 // kPlaneKeys tokens (load_raw_plane's layout, or load_raw_rows_warp's); q(s, a) gives the kMT A
 // fragments of step s in register_dim's order (load_a_fragment of a tile stored or permuted in
 // that order). All the keys' codes are read first, then each step's A fragments serve every key
-// column: each key is widened once for all row tiles.
-template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class QFragments>
+// column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or for
+// E4M3 / E5M2 keys f16 (one instruction a code pair instead of four; the queries must then be f16).
+template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class MmaElem = __nv_bfloat16,
+          class QFragments>
 __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
@@ -163,7 +205,10 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
       for (int nt = 0; nt < kNT; ++nt) {
         const std::uint32_t word = (&codes[nt][s / 4].x)[s % 4];
         std::uint32_t b0, b1;
-        if constexpr (kFormat == KvFormat::kE4m3) {
+        if constexpr (std::is_same_v<MmaElem, __half>) {
+          b0 = fp8x2_to_f16x2<kFormat>(word, 0);
+          b1 = fp8x2_to_f16x2<kFormat>(word, 1);
+        } else if constexpr (kFormat == KvFormat::kE4m3) {
           b0 = convert::e4m3x2_to_bf16x2_cvt(word, 0);
           b1 = convert::e4m3x2_to_bf16x2_cvt(word, 1);
         } else {
@@ -171,7 +216,7 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
           b1 = convert::e5m2x2_to_bf16x2_bits(word, 1);
         }
 #pragma unroll
-        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
+        for (int mt = 0; mt < kMT; ++mt) mma<MmaElem>(acc[mt][nt], a[mt], b0, b1);
       }
     }
   }
@@ -198,13 +243,6 @@ constexpr bool register_pv_order_is_a_permutation() {
   return true;
 }
 static_assert(register_pv_order_is_a_permutation());
-
-template <KvFormat kFormat>
-__device__ __forceinline__ std::uint32_t fp8x2_to_f16x2(std::uint32_t codes, int pair) {
-  static_assert(kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
-  return kFormat == KvFormat::kE4m3 ? convert::e4m3x2_to_f16x2(codes, pair)
-                                    : convert::e5m2x2_to_f16x2(codes, pair);
-}
 
 // O += P V for the 16 keys from key0 of a raw E4M3 / E5M2 V plane, P the f16 A fragment, O in
 // register_pv_dim's order; keep_lo / keep_hi as in pv_step (ANDed into the values of keys

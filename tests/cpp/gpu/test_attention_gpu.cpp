@@ -91,6 +91,11 @@ TEST(AttentionGpu, NonFiniteInputsAreNeverHidden) {
   test::check_non_finite(kGpuBf16P);
 }
 
+TEST(AttentionGpu, QueriesOfAnyRangeOnFp8Caches) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_query_range(kGpuBf16P);
+}
+
 // Decode attention captured once in a CUDA graph, replayed after lengths, block table and top-k
 // lists change in place: each replay equals the oracle for the current values.
 TEST(AttentionGpuGraph, ReplaysAfterTheBatchChangesInPlace) {

@@ -21,6 +21,7 @@
 
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
+#include <cfloat>
 #include <cub/block/block_scan.cuh>
 #include <utility>
 
@@ -51,12 +52,13 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   // through a ring of its own (no other warp needs them: no CTA barrier a page) and converts their
   // K codes in registers (register_keys.cuh); NVFP4 values it widens into a 16-bit tile of its
   // own, E4M3 / E5M2 ones go straight into f16 B fragments too (register_pv; P is rounded to f16
-  // for P V, O kept in register_pv_dim's order).
+  // for P V, O kept in register_pv_dim's order), and so do their K codes, against f16 queries.
   constexpr bool kWarpRings = attention_warp_rings<Traits, kFormat, Elem>();
   constexpr bool kRegisterV =
       kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
   static_assert(!kWarpRings || Traits::kWarpKeys == Traits::kChunkKeys);
   using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
+  using QkElem = std::conditional_t<kRegisterV, __half, Elem>;  // Q's (and K's) in Q K^T
   constexpr int kStageBytes =
       kWarpRings ? attention_warp_stage_bytes<Traits, kFormat>() : kv_raw_page_bytes<kFormat>();
   constexpr int kStages = kWarpRings ? attention_warp_ring_stages<Traits, kFormat>()
@@ -218,8 +220,19 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   __syncthreads();
 
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
-  // kWarpRings: the queries' dims in the k order of the keys' register fragments.
-  if constexpr (kWarpRings) permute_query_tile<Traits::kThreads, kFormat>(q_tile);
+  // kWarpRings: the queries' dims in the k order of the keys' register fragments; kRegisterV: as
+  // f16 scaled by a power of two a head, for QK^T on f16 MMAs (one conversion a K code pair
+  // instead of four), each head's scores multiplied back by its 2^-E with the softmax scale.
+  __shared__ float q_restore[16];
+  if constexpr (kWarpRings)
+    permute_query_tile<Traits::kThreads, kFormat>(q_tile, kRegisterV ? q_restore : nullptr);
+  float score_scale[2];  // the rows lane / 4 and lane / 4 + 8 (finite: 0 x scale stays 0)
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    score_scale[half] = kRegisterV
+                            ? fminf(p.score_scale_log2 * q_restore[lane / 4 + 8 * half], FLT_MAX)
+                            : p.score_scale_log2;
+  }
   // The row's queries as A fragments, one per 16 dims; kWarpRings reads them from shared memory
   // at each use instead (32 registers fewer: two CTAs fit on an SM).
   std::uint32_t qf[8][1][4];
@@ -278,7 +291,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         const auto q = [&](int step, std::uint32_t(&a)[1][4]) {
           load_a_fragment(a[0], q_tile, 0, step, lane);
         };
-        register_qk<kFormat, 1, kNT, Traits::kWarpKeys>(scores, q, k_raw, key0 - raw_key0, lane);
+        register_qk<kFormat, 1, kNT, Traits::kWarpKeys, QkElem>(scores, q, k_raw, key0 - raw_key0,
+                                                                lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -297,7 +311,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
           for (int c = 0; c < 2; ++c) {
             float& x = s[nt][2 * half + c];
             const int key = key0 + nt * 8 + 2 * (lane % 4) + c;
-            x = (all_visible || first_key + key <= my_pos) ? x * p.score_scale_log2 : -INFINITY;
+            x = (all_visible || first_key + key <= my_pos) ? x * score_scale[half] : -INFINITY;
             mx = fmaxf(mx, x);
           }
         }
