@@ -20,6 +20,10 @@ inline constexpr std::int64_t kAttentionDecodeTargetCtas = 132;
 // The most splits of one row tile: they run as one cluster, and 8 CTAs is the portable cluster
 // size (one decode CTA per SM: a cluster of 8 fits in any of the H100 / H200's GPCs).
 inline constexpr std::int64_t kAttentionDecodeMaxSplits = 8;
+// CTAs an SM of the register-tile decode kernels (attention_warp_rings in attention_traits.hpp:
+// <= 128 registers a thread and half the shared memory each), whose splits fill a wave of
+// kAttentionRegisterTileCtasPerSm x kAttentionDecodeTargetCtas.
+inline constexpr std::int64_t kAttentionRegisterTileCtasPerSm = 2;
 
 // How a decode batch's rows are tiled: `register_tiles` is true for the caches whose 1-row tiles
 // convert in registers on per-warp rings, two CTAs an SM (E4M3 / E5M2 / NVFP4 with bf16 queries:
@@ -48,8 +52,9 @@ constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
       attention_decode_tile_rows(num_requests, decode_query_len, kv_heads, register_tiles);
   const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
   const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
-  const std::int64_t want = register_tiles ? 2 * kAttentionDecodeTargetCtas / ctas
-                                           : (kAttentionDecodeTargetCtas + ctas - 1) / ctas;
+  const std::int64_t want =
+      register_tiles ? kAttentionRegisterTileCtasPerSm * kAttentionDecodeTargetCtas / ctas
+                     : (kAttentionDecodeTargetCtas + ctas - 1) / ctas;
   return std::clamp<std::int64_t>(
       want, 1, std::clamp<std::int64_t>(rows * topk_width, 1, kAttentionDecodeMaxSplits));
 }

@@ -6,6 +6,7 @@
 
 #include <type_traits>
 
+#include "src/attention_workspace.hpp"
 #include "src/cuda/sm90/kv_format.hpp"
 
 namespace flashmsa::cuda {
@@ -66,14 +67,17 @@ constexpr int attention_warp_widened_bytes() {
 // memory each: 16 warps a scheduler pair hide each other's latency), the others take one.
 template <class Traits, KvFormat kFormat, class Elem>
 constexpr int attention_ctas_per_sm() {
-  return attention_warp_rings<Traits, kFormat, Elem>() ? 2 : 1;
+  return attention_warp_rings<Traits, kFormat, Elem>()
+             ? static_cast<int>(detail::kAttentionRegisterTileCtasPerSm)
+             : 1;
 }
 // Stages of each warp's ring: what fits beside the queries, the union lists and the widened tile
 // with two CTAs an SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared
 // memory). The decode traits' 8 warps of 16 keys: 3 fp8 stages of 4 KB, 4 NVFP4 ones of 2.25 KB.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_ring_stages() {
-  constexpr int kPerCta = 228 * 1024 / 2 - 1024 - 1280;
+  constexpr int kPerCta =
+      228 * 1024 / static_cast<int>(detail::kAttentionRegisterTileCtasPerSm) - 1024 - 1280;
   constexpr int fixed = attention_query_and_union_bytes<Traits>();
   return ((kPerCta - fixed) / Traits::kWarps - attention_warp_widened_bytes<Traits, kFormat>()) /
          attention_warp_stage_bytes<Traits, kFormat>();

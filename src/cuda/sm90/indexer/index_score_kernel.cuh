@@ -44,10 +44,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
   phase_stamp(p.clock, 0);
   extern __shared__ __align__(128) std::byte smem[];
   std::byte* q_tile = smem;
-  std::byte* stages = q_tile + Traits::kVectors * (kFp8Mma ? 128 : 256);
-  std::byte* widened = stages + (kWarpRings ? Traits::kWarpsN : 1) * Traits::kStages * kStageBytes;
+  std::byte* stages = q_tile + index_score_query_bytes<Traits, kFormat, kQueryFp8>();
+  std::byte* widened = stages + index_score_ring_bytes<Traits, kFormat, kQueryFp8>();
   // [kGroup pages][kWarpsN][kVectors]: each warp's block maxima.
-  float* partial_max = reinterpret_cast<float*>(widened + (kConvert ? 128 * 256 : 0));
+  float* partial_max =
+      reinterpret_cast<float*>(widened + index_score_widened_bytes<Traits, kFormat, kQueryFp8>());
 
   const int hidx = p.num_index_heads;
   const int rows_per_tile = Traits::kVectors / hidx;

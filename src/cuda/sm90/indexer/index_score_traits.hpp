@@ -49,9 +49,9 @@ constexpr bool index_score_widens_in_shared() {
          !index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
 }
 
-// The decode tiles whose keys need no shared-memory pass (E4M3 x E4M3 on fp8 MMAs, NVFP4 widened
-// in registers): each warp streams its own keys through a ring of its own (kStages stages of its
-// kWarpCols keys, the CTA ring's bytes in all) and leaves its block maxima for
+// The decode tiles whose keys need no shared-memory pass (E4M3 x E4M3 on the E4M3 mma.sync, NVFP4
+// widened in registers): each warp streams its own keys through a ring of its own (kStages stages
+// of its kWarpCols keys, the CTA ring's bytes in all) and leaves its block maxima for
 // kIndexScoreMaxGroup pages in shared memory, which the CTA merges and stores after each group:
 // two CTA barriers a group instead of two a page. (Not on the 64-vector decode tile: its E4M3
 // instance spilled.)
@@ -63,16 +63,30 @@ constexpr bool index_score_warp_rings() {
 }
 inline constexpr int kIndexScoreMaxGroup = 8;
 
+// The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, else
+// bf16), the ring(s), the widened tile, the block maxima slots.
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr int index_score_query_bytes() {
+  return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() ? 128 : 256);
+}
 // (One ring depth for every format: fp8 pages with the bf16 ring's bytes, 6 stages and two CTAs
 // per SM instead of 3 and four, scored at 1.9 TB/s instead of 2.6 on the H200.)
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr int index_score_ring_bytes() {
+  return index_score_warp_rings<Traits, kFormat, kQueryFp8>()
+             ? Traits::kWarpsN * Traits::kStages * raw_plane_bytes<kFormat, Traits::kWarpCols>()
+             : Traits::kStages * raw_plane_bytes<kFormat>();
+}
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr int index_score_widened_bytes() {
+  return index_score_widens_in_shared<Traits, kFormat, kQueryFp8>() ? 128 * 256 : 0;
+}
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_smem_bytes() {
   constexpr bool kWarpRings = index_score_warp_rings<Traits, kFormat, kQueryFp8>();
-  return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() ? 128 : 256) +
-         (kWarpRings
-              ? Traits::kWarpsN * Traits::kStages * raw_plane_bytes<kFormat, Traits::kWarpCols>()
-              : Traits::kStages * raw_plane_bytes<kFormat>()) +
-         (index_score_widens_in_shared<Traits, kFormat, kQueryFp8>() ? 128 * 256 : 0) +
+  return index_score_query_bytes<Traits, kFormat, kQueryFp8>() +
+         index_score_ring_bytes<Traits, kFormat, kQueryFp8>() +
+         index_score_widened_bytes<Traits, kFormat, kQueryFp8>() +
          (kWarpRings ? kIndexScoreMaxGroup : 1) * Traits::kWarpsN * Traits::kVectors * 4;
 }
 
