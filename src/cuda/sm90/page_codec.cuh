@@ -79,14 +79,25 @@ __device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src,
                                                    int lane) {
   static_assert(kFormat != KvFormat::kNative16 && kRows % 8 == 0);
   constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
-  static_assert(kRows * kChunks % 32 == 0);
-  const std::byte* base = src.row(page, head, token0);
+  constexpr int kPassTokens = 32 / kChunks;  // the rows one pass of the warp copies
+  static_assert(kRows % kPassTokens == 0 && 8 % kPassTokens == 0);
+  // Lane-fixed token and chunk, one 64-bit source pointer advanced a pass at a time: the loop of a
+  // decode kernel re-derives these every page (its registers are spent on the MMAs), so the
+  // per-pass part is kept to a pointer add, a compare and the copy.
+  const int lane_token = lane / kChunks, chunk = lane % kChunks;
+  const std::byte* from = src.row(page, head, token0 + lane_token) + chunk * 16;
+  const std::int64_t pass_stride = kPassTokens * src.token_stride;
 #pragma unroll
-  for (int r = 0; r < kRows * kChunks / 32; ++r) {
-    const int i = lane + 32 * r;
-    const int token = i / kChunks, chunk = i % kChunks;
-    const int at = kFormat == KvFormat::kNvfp4 ? i : swizzled_byte_chunk(token, chunk);
-    cp_async_16_or_zero(dst + at * 16, base + token * src.token_stride + chunk * 16, token < limit);
+  for (int r = 0; r < kRows / kPassTokens; ++r) {
+    const int token = lane_token + r * kPassTokens;
+    // The fp8 swizzle depends on token % 8 = lane_token + (r kPassTokens) % 8 (lane_token <
+    // kPassTokens, which divides 8): two lane values, the rest is a constant offset.
+    const int in_eight = (r * kPassTokens) % 8;
+    const int at = kFormat == KvFormat::kNvfp4 ? lane + 32 * r
+                                               : swizzled_byte_chunk(lane_token + in_eight, chunk) +
+                                                     (r * kPassTokens - in_eight) * kByteRowChunks;
+    cp_async_16_or_zero(dst + at * 16, from, token < limit);
+    from += pass_stride;
   }
   if constexpr (kFormat == KvFormat::kNvfp4) {
     static_assert(kRows <= 32);
