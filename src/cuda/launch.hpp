@@ -84,6 +84,28 @@ void launch_dependent_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 
   FLASHMSA_CHECK_CUDA(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// CTAs of `kernel` (block threads, dynamic shared memory) one SM holds at once: the occupancy
+// calculator's answer, registers included (the kernels' register counts are only known to the
+// compiled code). Host-side, no device synchronisation.
+template <class... Params>
+int ctas_per_sm(void (*kernel)(Params...), int threads, int smem) {
+  if (smem > 0) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  int ctas = 0;
+  FLASHMSA_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem));
+  return ctas;
+}
+
+// The current device's SM count.
+inline int sm_count() {
+  int device = 0, sms = 0;
+  FLASHMSA_CHECK_CUDA(cudaGetDevice(&device));
+  FLASHMSA_CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  return sms;
+}
+
 template <class... Params, class... Args>
 void launch_dependent_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem,
                              cudaStream_t stream, Args&&... args) {

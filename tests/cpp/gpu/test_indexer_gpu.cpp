@@ -57,9 +57,10 @@ TEST_P(IndexerGpu, DecodeMatchesOracleWithPaddingRows) {
   }
 }
 
-// A batch of 21 requests whose table is 1024 blocks wide: each CTA of the decode scoring takes 11
-// pages of a request (2112 CTAs / 21 requests = 101 splits of the width), so the long request's
-// pages go through more than one group of the warp rings' merged block maxima (8 pages).
+// A batch of 21 requests whose table is 1024 blocks wide: each CTA of the decode scoring takes
+// up to 32 pages of a request (16 for NVFP4; decode_split_pages in indexer.cu), so the long
+// request's splits go through several groups of the warp rings' merged block maxima (8 pages)
+// and the short ones (1 to 24 blocks) end inside a group.
 TEST_P(IndexerGpu, DecodeSplitsOfManyPages) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   std::vector<std::int64_t> lens = {131072 - 5};

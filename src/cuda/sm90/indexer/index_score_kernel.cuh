@@ -296,4 +296,14 @@ void launch_index_score_kernel(const IndexScoreParams& p, dim3 grid, cudaStream_
                           index_score_smem_bytes<Traits, kFormat, kQueryFp8>(), stream, p);
 }
 
+// The instantiation's CTAs an SM holds (asked once: every device this library runs on is an sm_90
+// part with the same registers and shared memory an SM).
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+int index_score_kernel_ctas_per_sm() {
+  static const int ctas =
+      ctas_per_sm(index_score_kernel<Traits, kFormat, kQueryFp8>, Traits::kThreads,
+                  index_score_smem_bytes<Traits, kFormat, kQueryFp8>());
+  return ctas;
+}
+
 }  // namespace flashmsa::cuda

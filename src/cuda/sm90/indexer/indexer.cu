@@ -3,6 +3,8 @@
 // synchronisation and no allocation: the decode path can be captured in a CUDA graph.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "flashmsa/error.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
@@ -15,10 +17,19 @@ namespace flashmsa::cuda {
 namespace {
 
 constexpr int kPrefillPagesPerSplit = 32;
-// Enough CTAs that the last wave is a small part of the step (measured on the H200: 4 x 132
-// left 64 x 32K at 68% of the read bandwidth, two CTAs per SM and a 2.2-wave grid).
-constexpr int kDecodeTargetCtas = 16 * 132;
 constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
+
+// The most pages one CTA of the decode scoring takes. Fewer, longer CTAs pay each CTA's start (its
+// queries, its ring's first pages) less often, but past a few tens of pages the SMs finish unevenly
+// and a grid of several waves balances better. Measured on the H200 (one machine, medians, dql 1):
+// against the 16 x 132-CTA grid of before (8 pages a CTA at 64 x 32K, 1 at 8 x 32K), one wave with
+// at most 32 pages scores bf16 64x32K in 128.7 us (was 132.3), 128x128K 980 (1005), 1x128K 15.0
+// (20.8), fp8 8x32K 17.2 (20.8), fp8 64x32K 72.0 (74.3); one wave unbounded was 1-5% slower than
+// that at 128 x 128K. NVFP4 (keys widened in registers) does best at 16 pages: 64x32K 86.8 us
+// (32 pages: 89.2; before: 87.5), 32x128K 162.4 (164.5).
+std::int64_t decode_split_pages(DType index_cache) {
+  return index_cache == DType::kNvfp4 ? 16 : 32;
+}
 
 struct Launch {
   IndexScoreParams score;
@@ -183,25 +194,27 @@ void index_decode_phases(const Config& config, const TensorView& index_q,
     const IndexChunk chunk{begin, std::min(num_rows, begin + chunk_rows)};
     l.score.chunk = l.topk.chunk = chunk;
     const std::int64_t requests = chunk.rows() / dql;
-    // A fixed split of each request's block range (from the table width, never the lengths).
-    const std::int64_t splits =
-        std::min<std::int64_t>(std::max<std::int64_t>(1, l.score.max_blocks),
-                               std::max<std::int64_t>(1, ceil_div(kDecodeTargetCtas, requests)));
-    l.score.pages_per_split =
-        static_cast<std::int32_t>(ceil_div(std::max<std::int64_t>(1, l.score.max_blocks), splits));
-    const dim3 grid(static_cast<unsigned>(requests),
-                    static_cast<unsigned>(ceil_div(std::max<std::int64_t>(1, l.score.max_blocks),
-                                                   l.score.pages_per_split)));
+    // A fixed split of each request's block range (from the table width, never the lengths): as
+    // many splits as fill one wave of the kernel's resident CTAs, but none longer than
+    // decode_split_pages (decode_split_pages says why).
+    auto launch = [&]<class Traits>() {
+      const std::int64_t blocks = std::max<std::int64_t>(1, l.score.max_blocks);
+      const std::int64_t slots = index_score_resident_ctas<Traits>(l.cache_dtype, l.query_fp8);
+      const std::int64_t splits = std::clamp<std::int64_t>(
+          std::max(slots / requests, ceil_div(blocks, decode_split_pages(l.cache_dtype))), 1,
+          blocks);
+      l.score.pages_per_split = static_cast<std::int32_t>(ceil_div(blocks, splits));
+      const dim3 grid(static_cast<unsigned>(requests),
+                      static_cast<unsigned>(ceil_div(blocks, l.score.pages_per_split)));
+      launch_index_score<Traits>(l.score, l.cache_dtype, l.query_fp8, grid, l.stream);
+    };
     if (requests > 0) {
       if (vectors <= IndexScoreDecodeTraits16::kVectors) {
-        launch_index_score<IndexScoreDecodeTraits16>(l.score, l.cache_dtype, l.query_fp8, grid,
-                                                     l.stream);
+        launch.template operator()<IndexScoreDecodeTraits16>();
       } else if (vectors <= IndexScoreDecodeTraits64::kVectors) {
-        launch_index_score<IndexScoreDecodeTraits64>(l.score, l.cache_dtype, l.query_fp8, grid,
-                                                     l.stream);
+        launch.template operator()<IndexScoreDecodeTraits64>();
       } else {
-        launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
-                                                    l.stream);
+        launch.template operator()<IndexScorePrefillTraits>();
       }
     }
     if (select) launch_topk(l, hkv);
