@@ -69,6 +69,20 @@ __global__ void __launch_bounds__(Traits::kThreads)
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
+  // Decode tiles: the split's pages, one a lane (num_blocks <= kIndexScoreMaxSplitPages), so the
+  // page loop's fills take their page by a shuffle instead of waiting on a global load of the
+  // table each. (The prefill tile keeps the loads: the lane's register made its E4M3 instance
+  // spill.)
+  constexpr bool kPagesInLanes = Traits::kWarpsM == 1;
+  const int lane_page = kPagesInLanes && lane < num_blocks ? static_cast<int>(page_of(lane)) : -1;
+  auto split_page = [&](int i) -> std::int64_t {  // page of split entry i (-1: none); every lane
+    if constexpr (kPagesInLanes) {
+      const int page = __shfl_sync(0xffffffffu, lane_page, i % kIndexScoreMaxSplitPages);
+      return i < num_blocks ? page : -1;
+    } else {
+      return i < num_blocks ? page_of(i) : -1;
+    }
+  };
 
   // Pages first (they take longest), then the queries.
   using Ring = CpAsyncPageRing<Traits::kStages, kStageBytes,
@@ -78,7 +92,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     ring.fill(i, [&](std::byte* stage) {
       // The index cache has one head; every token is loaded (keys past a row's position are
       // masked after the MMA).
-      const std::int64_t page = i < num_blocks ? page_of(i) : -1;
+      const std::int64_t page = split_page(i);
       if (page < 0) return;
       if constexpr (kWarpRings) {
         load_raw_rows_warp<kStageKeys, kFormat>(p.keys, p.key_scales, page, 0, warp_n * kStageKeys,
@@ -173,7 +187,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     if (i == 0) phase_stamp(p.clock, 1);  // the first page has landed
     fill(i + Traits::kStages - 1);
     const std::int64_t block = block_begin + i;
-    const bool page_ok = page_of(i) >= 0;
+    const bool page_ok = split_page(i) >= 0;
     const std::byte* k_tile = ring.stage(i);
     const int key0 = kWarpRings ? 0 : warp_n * Traits::kWarpCols;  // the warp's first key there
     if constexpr (kConvert) {

@@ -66,6 +66,10 @@ R with_index_score_kernel(DType cache, bool query_fp8, F&& f) {
 template <class Traits>
 void launch_index_score(const IndexScoreParams& p, DType cache, bool query_fp8, dim3 grid,
                         cudaStream_t stream) {
+  FLASHMSA_CHECK_KIND(ErrorKind::kInternal,
+                      p.pages_per_split >= 1 && p.pages_per_split <= kIndexScoreMaxSplitPages,
+                      "index scoring: pages_per_split must be in [1, ", kIndexScoreMaxSplitPages,
+                      "], got ", p.pages_per_split);
   with_index_score_kernel<Traits, void>(cache, query_fp8, [&]<KvFormat kFormat, bool kQueryFp8>() {
     launch_index_score_kernel<Traits, kFormat, kQueryFp8>(p, grid, stream);
   });

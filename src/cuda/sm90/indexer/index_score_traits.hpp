@@ -62,6 +62,9 @@ constexpr bool index_score_warp_rings() {
           index_score_widens_in_registers<Traits, kFormat, kQueryFp8>());
 }
 inline constexpr int kIndexScoreMaxGroup = 8;
+// The most pages one CTA scores: one block-table entry a lane of each warp (the kernel's fills
+// read a page's entry by a shuffle, not by a global load in the page loop).
+inline constexpr int kIndexScoreMaxSplitPages = 32;
 
 // The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, else
 // bf16), the ring(s), the widened tile, the block maxima slots.

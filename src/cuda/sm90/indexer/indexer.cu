@@ -16,7 +16,7 @@ namespace flashmsa::cuda {
 
 namespace {
 
-constexpr int kPrefillPagesPerSplit = 32;
+constexpr int kPrefillPagesPerSplit = kIndexScoreMaxSplitPages;
 constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
 
 // The most pages one CTA of the decode scoring takes. Fewer, longer CTAs pay each CTA's start (its
@@ -28,7 +28,7 @@ constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's sha
 // that at 128 x 128K. NVFP4 (keys widened in registers) does best at 16 pages: 64x32K 86.8 us
 // (32 pages: 89.2; before: 87.5), 32x128K 162.4 (164.5).
 std::int64_t decode_split_pages(DType index_cache) {
-  return index_cache == DType::kNvfp4 ? 16 : 32;
+  return index_cache == DType::kNvfp4 ? 16 : kIndexScoreMaxSplitPages;
 }
 
 struct Launch {

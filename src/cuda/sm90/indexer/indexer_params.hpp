@@ -29,7 +29,8 @@ struct IndexScoreParams {
   std::int64_t table_stride = 0;
   std::int32_t max_blocks = 0;
   std::int32_t num_index_heads = 0;
-  std::int32_t pages_per_split = 0;  // blocks one CTA scores (grid.y splits the block range)
+  // Blocks one CTA scores (grid.y splits the block range), at most kIndexScoreMaxSplitPages.
+  std::int32_t pages_per_split = 0;
   RowMap rows;
   const std::int32_t* tile_offset = nullptr;  // prefill: [B + 1] first tile of each request
   IndexChunk chunk;
