@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/convert.cuh"
 
 namespace flashmsa::cuda {
 
@@ -70,6 +71,39 @@ __device__ __forceinline__ void qk_step(float (&acc)[kMT][kNT][4], const std::ui
     for (int mt = 0; mt < kMT; ++mt) {
       mma<Elem>(acc[mt][2 * np], a[mt], b[0], b[1]);
       mma<Elem>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+    }
+  }
+}
+
+// On sm_90 `mma.sync ... e4m3` is not a tensor-core instruction: ptxas expands each m16n8k32 into
+// F2FP conversions of both operands, two f16 HMMAs into zeroed registers and four FADDs. An E4M3
+// k step of S = Q K^T done that way by hand, with the query side converted once: a16[m][h] is the
+// f16 A fragment of dims [32 ks + 16 h, + 16) of row tile m, stored in e4m3_f16_column's order
+// (that of the converted K codes). Half h of each step accumulates into acc[h] (E4M3 values are
+// exact in f16, their products in fp32): two chains of dependent HMMAs a tile instead of one, as
+// one chain of 8 a page left the H200's scoring latency-bound (78 us instead of 72 at 64 x 32K);
+// the caller adds acc[1] into acc[0].
+__host__ __device__ constexpr int e4m3_f16_column(int k) {  // k in [0, 16): column of dim k
+  return (k / 2) % 2 == 0 ? 2 * (k / 4) + k % 2 : 8 + 2 * (k / 4) + k % 2;
+}
+template <int kMT, int kNT>
+__device__ __forceinline__ void qk_step_e4m3_f16(float (&acc)[2][kMT][kNT][4],
+                                                 const std::uint32_t (&a16)[kMT][2][4],
+                                                 const std::byte* k_tile, int key0, int ks,
+                                                 int lane) {
+  static_assert(kNT % 2 == 0, "keys are loaded 16 at a time");
+#pragma unroll
+  for (int np = 0; np < kNT / 2; ++np) {
+    std::uint32_t b[4];
+    const int key = key0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
+    ldmatrix_x4(b, k_tile + swizzled_byte_chunk(key, 2 * ks + ((lane >> 3) & 1)) * 16);
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {  // b[r]: n tile 2 np + r / 2, dims 16 (r % 2) + 4 t .. + 3
+      const std::uint32_t lo = convert::e4m3x2_to_f16x2(b[r], 0);
+      const std::uint32_t hi = convert::e4m3x2_to_f16x2(b[r], 1);
+#pragma unroll
+      for (int mt = 0; mt < kMT; ++mt)
+        mma_fp16_16816(acc[r % 2][mt][2 * np + r / 2], a16[mt][r % 2], lo, hi);
     }
   }
 }

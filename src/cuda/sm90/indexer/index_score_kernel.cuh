@@ -8,9 +8,11 @@
 // keys after each row's position, reduce each row to its block max (rank order: NaN as -1e30) and
 // write one fp32 per (index head, row, block). E4M3 keys scored by E4M3 queries (the fp8 indexer)
 // go straight from the page stage into the E4M3 mma.sync (which ptxas expands into conversions and
-// f16 MMAs on sm_90); NVFP4 keys on the decode tiles are widened in registers into the bf16 MMA's
-// fragments (register_qk); the other quantized keys are widened to bf16 in shared memory
-// (exactly: every format is a subset of bf16) for the bf16 path.
+// f16 MMAs on sm_90) on the prefill tile, and on the decode tiles into f16 MMAs by hand against a
+// query tile widened to f16 once (qk_step_e4m3_f16: no per-page query conversion); NVFP4 keys on
+// the decode tiles are widened in registers into the bf16 MMA's fragments (register_qk); the other
+// quantized keys are widened to bf16 in shared memory (exactly: every format is a subset of bf16)
+// for the bf16 path.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   constexpr bool kConvert = index_score_widens_in_shared<Traits, kFormat, kQueryFp8>();
   constexpr bool kRegisterCodes = index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
   constexpr bool kWarpRings = index_score_warp_rings<Traits, kFormat, kQueryFp8>();
+  constexpr bool kF16Route = index_score_fp8_as_f16<Traits, kFormat, kQueryFp8>();
   // A stage: the page's keys, or (kWarpRings) the warp's kWarpCols keys of it.
   constexpr int kStageKeys = kWarpRings ? Traits::kWarpCols : 128;
   constexpr int kStageBytes = raw_plane_bytes<kFormat, kStageKeys>();
@@ -104,8 +107,32 @@ __global__ void __launch_bounds__(Traits::kThreads)
   };
   for (int s = 0; s < Traits::kStages - 1; ++s) fill(s);
   // The tile's queries: E4M3 as they are for the fp8 MMA (in 8-byte pieces: rows are only
-  // 8-byte aligned), otherwise as bf16 (an E4M3 query widened exactly).
-  if constexpr (kFp8Mma) {
+  // 8-byte aligned), as f16 in e4m3_f16_column's order for kF16Route, otherwise as bf16 (an E4M3
+  // query widened exactly).
+  if constexpr (kF16Route) {
+    for (int i = threadIdx.x; i < Traits::kVectors * 16; i += Traits::kThreads) {
+      const int v = i / 16, piece = i % 16;
+      const int row = v / hidx, head = v % hidx;
+      uint2 value = make_uint2(0, 0);
+      if (row < tile.rows) {
+        value = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) +
+                                                (tile.row + row) * p.q_row_stride +
+                                                head * p.q_head_stride + piece * 8);
+      }
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // dims 8 piece + 2 w, + 1
+        const std::uint32_t pair = convert::e4m3x2_to_f16x2(w < 2 ? value.x : value.y, w % 2);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int dim = piece * 8 + 2 * w + e, k = dim % 16;
+          const int column = dim - k + e4m3_f16_column(k);
+          reinterpret_cast<std::uint16_t*>(q_tile +
+                                           swizzled_chunk(v, column / 8) * 16)[column % 8] =
+              static_cast<std::uint16_t>(pair >> (16 * e));
+        }
+      }
+    }
+  } else if constexpr (kFp8Mma) {
     for (int i = threadIdx.x; i < Traits::kVectors * 16; i += Traits::kThreads) {
       const int v = i / 16, piece = i % 16;
       const int row = v / hidx, head = v % hidx;
@@ -159,6 +186,22 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // The queries (plain stores by every thread) reach every warp by this barrier: with warp rings
   // the page waits are warp barriers only.
   if constexpr (kWarpRings) __syncthreads();
+  // kF16Route: the warp's f16 query fragments of all four k steps stay in registers for every page
+  // (32 registers with kMTiles 1; the tile has registers to spare at 4 CTAs an SM).
+  std::uint32_t q16[kF16Route ? 4 : 1][Traits::kMTiles][2][4];
+  if constexpr (kF16Route) {
+#pragma unroll
+    for (int ks = 0; ks < 4; ++ks) {
+#pragma unroll
+      for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          load_a_fragment<__half>(q16[ks][mt][h], q_tile, warp_m * Traits::kWarpRows + mt * 16,
+                                  2 * ks + h, lane);
+        }
+      }
+    }
+  }
   // kWarpRings: the CTA's block maxima of pages [i0, i0 + count) to the scores, merged over the
   // warps.
   auto store_maxima = [&](int i0, int count) {
@@ -213,6 +256,22 @@ __global__ void __launch_bounds__(Traits::kThreads)
         };
         register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys>(acc, q, k_tile, key0,
                                                                            lane);
+      } else if constexpr (kF16Route) {
+        float halves[2][Traits::kMTiles][Traits::kNTiles][4] = {};
+#pragma unroll
+        for (int ks = 0; ks < 4; ++ks) {  // 32 dims a step
+          qk_step_e4m3_f16<Traits::kMTiles, Traits::kNTiles>(halves, q16[ks], k_tile, key0, ks,
+                                                             lane);
+        }
+#pragma unroll
+        for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+          for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 4; ++c)
+              acc[mt][nt][c] = halves[0][mt][nt][c] + halves[1][mt][nt][c];
+          }
+        }
       } else {
         using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
         // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling

@@ -66,11 +66,23 @@ inline constexpr int kIndexScoreMaxGroup = 8;
 // read a page's entry by a shuffle, not by a global load in the page loop).
 inline constexpr int kIndexScoreMaxSplitPages = 32;
 
+// E4M3 x E4M3 on those warp-ring tiles: the query tile widened once to f16 and each k step run as
+// qk_step_e4m3_f16 (what ptxas makes of the fp8 mma.sync on sm_90, less the query's conversion
+// at every page and the FADDs).
+template <class Traits, KvFormat kFormat, bool kQueryFp8>
+constexpr bool index_score_fp8_as_f16() {
+  return index_score_warp_rings<Traits, kFormat, kQueryFp8>() &&
+         index_score_uses_fp8_mma<kFormat, kQueryFp8>();
+}
+
 // The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, else
 // bf16), the ring(s), the widened tile, the block maxima slots.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_query_bytes() {
-  return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() ? 128 : 256);
+  return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() &&
+                                     !index_score_fp8_as_f16<Traits, kFormat, kQueryFp8>()
+                                 ? 128
+                                 : 256);
 }
 // (One ring depth for every format: fp8 pages with the bf16 ring's bytes, 6 stages and two CTAs
 // per SM instead of 3 and four, scored at 1.9 TB/s instead of 2.6 on the H200.)
