@@ -75,8 +75,8 @@ constexpr bool index_score_fp8_as_f16() {
          index_score_uses_fp8_mma<kFormat, kQueryFp8>();
 }
 
-// The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, else
-// bf16), the ring(s), the widened tile, the block maxima slots.
+// The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, f16 for
+// the decode tiles' f16 route, else bf16), the ring(s), the widened tile, the block maxima slots.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_query_bytes() {
   return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() &&
