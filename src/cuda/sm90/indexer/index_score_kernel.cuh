@@ -39,6 +39,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   constexpr bool kRegisterCodes = index_score_widens_in_registers<Traits, kFormat, kQueryFp8>();
   constexpr bool kWarpRings = index_score_warp_rings<Traits, kFormat, kQueryFp8>();
   constexpr bool kF16Route = index_score_fp8_as_f16<Traits, kFormat, kQueryFp8>();
+  static_assert(!kF16Route || kFp8Mma, "the f16 route reads the E4M3 queries as the fp8 MMA does");
   // A stage: the page's keys, or (kWarpRings) the warp's kWarpCols keys of it.
   constexpr int kStageKeys = kWarpRings ? Traits::kWarpCols : 128;
   constexpr int kStageBytes = raw_plane_bytes<kFormat, kStageKeys>();
@@ -109,7 +110,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // The tile's queries: E4M3 as they are for the fp8 MMA (in 8-byte pieces: rows are only
   // 8-byte aligned), as f16 in e4m3_f16_column's order for kF16Route, otherwise as bf16 (an E4M3
   // query widened exactly).
-  if constexpr (kF16Route) {
+  if constexpr (kFp8Mma) {
     for (int i = threadIdx.x; i < Traits::kVectors * 16; i += Traits::kThreads) {
       const int v = i / 16, piece = i % 16;
       const int row = v / hidx, head = v % hidx;
@@ -119,30 +120,23 @@ __global__ void __launch_bounds__(Traits::kThreads)
                                                 (tile.row + row) * p.q_row_stride +
                                                 head * p.q_head_stride + piece * 8);
       }
+      if constexpr (kF16Route) {
 #pragma unroll
-      for (int w = 0; w < 4; ++w) {  // dims 8 piece + 2 w, + 1
-        const std::uint32_t pair = convert::e4m3x2_to_f16x2(w < 2 ? value.x : value.y, w % 2);
+        for (int w = 0; w < 4; ++w) {  // dims 8 piece + 2 w, + 1
+          const std::uint32_t pair = convert::e4m3x2_to_f16x2(w < 2 ? value.x : value.y, w % 2);
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int dim = piece * 8 + 2 * w + e, k = dim % 16;
-          const int column = dim - k + e4m3_f16_column(k);
-          reinterpret_cast<std::uint16_t*>(q_tile +
-                                           swizzled_chunk(v, column / 8) * 16)[column % 8] =
-              static_cast<std::uint16_t>(pair >> (16 * e));
+          for (int e = 0; e < 2; ++e) {
+            const int dim = piece * 8 + 2 * w + e, k = dim % 16;
+            const int column = dim - k + e4m3_f16_column(k);
+            reinterpret_cast<std::uint16_t*>(q_tile +
+                                             swizzled_chunk(v, column / 8) * 16)[column % 8] =
+                static_cast<std::uint16_t>(pair >> (16 * e));
+          }
         }
+      } else {
+        reinterpret_cast<uint2*>(q_tile + swizzled_byte_chunk(v, piece / 2) * 16)[piece % 2] =
+            value;
       }
-    }
-  } else if constexpr (kFp8Mma) {
-    for (int i = threadIdx.x; i < Traits::kVectors * 16; i += Traits::kThreads) {
-      const int v = i / 16, piece = i % 16;
-      const int row = v / hidx, head = v % hidx;
-      uint2 value = make_uint2(0, 0);
-      if (row < tile.rows) {
-        value = *reinterpret_cast<const uint2*>(static_cast<const std::uint8_t*>(p.index_q) +
-                                                (tile.row + row) * p.q_row_stride +
-                                                head * p.q_head_stride + piece * 8);
-      }
-      reinterpret_cast<uint2*>(q_tile + swizzled_byte_chunk(v, piece / 2) * 16)[piece % 2] = value;
     }
   } else {
     for (int i = threadIdx.x; i < Traits::kVectors * kRowChunks; i += Traits::kThreads) {
