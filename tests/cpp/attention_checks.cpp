@@ -297,6 +297,38 @@ void check_adversarial_topk(const AttentionBackend& b) {
   EXPECT_EQ(topk, topk_before) << "attention wrote into the top-k lists";
   // Row 4 had no valid id: zeros and -inf.
   EXPECT_EQ(run.lse[4 * 64], -std::numeric_limits<float>::infinity());
+
+  // Decode, lists 40 wide (the GPU's 1-row tiles place a row's entries with a warp, two entries a
+  // lane): repeats within and across both halves of the list, ids past the row's position or
+  // the table, a table entry outside the cache, a row with nothing valid; bf16 and E4M3 caches.
+  for (const DType kv : {DType::kBf16, DType::kFp8E4m3}) {
+    for (const int dql : {1, 2}) {
+      SCOPED_TRACE(::testing::Message() << to_string(kv) << ", decode_query_len " << dql);
+      Config cd = c;
+      cd.kv_cache_dtype = kv;
+      Scenario d = make_decode(cd, {2000, 0, 300, 4000}, dql, 17 + dql);
+      d.block_table[3 * d.max_blocks + 6] = 1 << 30;
+      const std::int64_t w = 40;
+      std::vector<std::int32_t> ids(static_cast<std::size_t>(hkv * d.num_rows * w));
+      for (auto& id : ids) id = static_cast<std::int32_t>(rng() % 40) - 3;  // -3 .. 36
+      for (std::int64_t h = 0; h < hkv; ++h) {
+        std::int32_t* row = ids.data() + h * d.num_rows * w;  // request 0: one block, repeated
+        std::fill(row, row + w, 5);
+        row[39] = 7;
+        row[33] = 7;
+        row = ids.data() + (h * d.num_rows + 2 * dql) * w;  // request 2: nothing valid
+        std::fill(row, row + w, -1);
+        row[0] = 9999;
+        row[35] = std::numeric_limits<std::int32_t>::min();
+        row[36] = 3;  // past its 300 tokens' 3 blocks
+      }
+      const auto ids_before = ids;
+      const AttnRun dr = run_attention(d, Kind::kSparse, &ids, w, DType::kBf16, b.run);
+      check_against_oracle(d, dr, &ids, w, b.probabilities);
+      EXPECT_EQ(ids, ids_before) << "attention wrote into the top-k lists";
+      EXPECT_EQ(dr.lse[2 * dql * 64], -std::numeric_limits<float>::infinity());
+    }
+  }
 }
 
 void check_full_coverage_equals_dense(const AttentionBackend& b) {

@@ -71,7 +71,8 @@ void check_sparse_prefill(const AttnCase& c, const AttentionBackend& b, Config b
 void check_sparse_decode(const AttnCase& c, const AttentionBackend& b, std::vector<int> dqls,
                          Config base = {});
 // Hand-made top-k lists: -1, out-of-range, invisible and repeated ids, a block-table entry
-// outside the cache, a row with nothing valid; the cache is never written.
+// outside the cache, a row with nothing valid; the cache is never written. Prefill, then decode
+// (dql 1 and 2, lists 40 wide) on bf16 and E4M3 caches.
 void check_adversarial_topk(const AttentionBackend& b);
 // Full coverage: sparse equals dense bit for bit, and dense matches the oracle.
 void check_full_coverage_equals_dense(const AttentionBackend& b);

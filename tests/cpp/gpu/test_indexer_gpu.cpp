@@ -115,13 +115,17 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
   EXPECT_EQ(run.topk, test::run_cpu_indexer(s).topk);
 }
 
+// 40 blocks (ranked directly) and 300 (the radix select, every pass: the tie never decides early).
 TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
-  const test::Scenario s = test::make_tied_scenario(40);
-  const IndexRun run = run_gpu_indexer(s);
-  for (std::int64_t h = 0; h < 4; ++h) {
-    const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
-    EXPECT_EQ(ids, (std::vector<std::int32_t>{40, 0, 1, 2})) << "local first, then ties by id";
+  for (const std::int32_t blocks : {40, 300}) {
+    const test::Scenario s = test::make_tied_scenario(blocks);
+    const IndexRun run = run_gpu_indexer(s);
+    for (std::int64_t h = 0; h < 4; ++h) {
+      const std::vector<std::int32_t> ids(run.topk.begin() + h * 4, run.topk.begin() + h * 4 + 4);
+      EXPECT_EQ(ids, (std::vector<std::int32_t>{blocks, 0, 1, 2}))
+          << blocks << " blocks: local first, then ties by id";
+    }
   }
 }
 
