@@ -701,7 +701,7 @@ void decode_step(std::int64_t requests, std::int64_t len, int dql) {
          attention / g_hbm_tbps, t.attention);
 }
 
-void decode_phases(std::int64_t requests, std::int64_t len) {
+void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t len) {
   using flashmsa::cuda::kPhaseSlots;
   using flashmsa::cuda::PhaseKernel;
   constexpr std::int64_t kCtas = 1 << 14;
@@ -759,13 +759,16 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
         const int last = static_cast<int>(kernels[k].phases.size());
         unsigned long long first_start = ~0ull, last_end = 0;
         std::vector<std::vector<double>> phase_us(last + 1);
+        std::vector<double> starts, ends;  // each CTA's start and end, from t0 (us)
         for (std::int64_t c = 0; c < kCtas; ++c) {
           const unsigned long long* row = host[k].data() + c * 2 * kPhaseSlots;
           if (row[0] == 0) continue;
           first_start = std::min(first_start, row[0]);
+          starts.push_back(double(row[0] - t0) * 1e-3);
           for (int ph = last; ph > 0; --ph) {  // the CTA's last recorded phase
             if (row[ph]) {
               last_end = std::max(last_end, row[ph]);
+              ends.push_back(double(row[ph] - t0) * 1e-3);
               break;
             }
           }
@@ -781,6 +784,15 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
         const std::string name = kernels[k].name;
         add(name + ": first CTA starts", double(first_start - t0) * 1e-3);
         add(name + ": last CTA ends", double(last_end - t0) * 1e-3);
+        // The spread of the CTAs' starts and ends: a one-wave grid lasts as long as its slowest
+        // CTA.
+        auto percentile = [](std::vector<double>& v, int pct) {
+          std::sort(v.begin(), v.end());
+          return v[std::min(v.size() - 1, v.size() * pct / 100)];
+        };
+        add(name + ": CTA starts, 90th percentile", percentile(starts, 90));
+        for (const int pct : {10, 50, 90})
+          add(name + ": CTA ends, " + std::to_string(pct) + "th percentile", percentile(ends, pct));
         for (int ph = 1; ph <= last; ++ph) {
           if (!phase_us[ph].empty())
             add(name + ": per CTA, " + kernels[k].phases[ph - 1], median(phase_us[ph]));
@@ -788,11 +800,11 @@ void decode_phases(std::int64_t requests, std::int64_t len) {
       }
     }
   };
-  const DecodeTimes t = run_decode(kCacheKinds[0], requests, len, 1);
+  const DecodeTimes t = run_decode(kind, requests, len, 1);
   g_step_study = nullptr;
   for (const Kernel& k : kernels) flashmsa::cuda::phase_clock(k.id) = {};
-  const std::string shape =
-      "decode phases bf16 " + std::to_string(requests) + "x" + std::to_string(len / 1024) + "K: ";
+  const std::string shape = std::string("decode phases ") + kind.name + " " +
+                            std::to_string(requests) + "x" + std::to_string(len / 1024) + "K: ";
   report(shape + "step (graph, events)", t.step.median_s * 1e6, "us", 1.0, t.step);
   for (const auto& [name, v] : metrics) {
     const double us = median(v);
@@ -1347,8 +1359,9 @@ int main(int argc, char** argv) {
       {"decode step 1x8K", [] { decode_step(1, 8192, 1); }},
       {"decode step 64x32K dql4", [] { decode_step(64, 32768, 4); }},
       {"decode grid", decode_grid},
-      {"decode phases 1x8K", [] { decode_phases(1, 8192); }},
-      {"decode phases 64x32K", [] { decode_phases(64, 32768); }},
+      {"decode phases 1x8K", [] { decode_phases(kCacheKinds[0], 1, 8192); }},
+      {"decode phases 64x32K", [] { decode_phases(kCacheKinds[0], 64, 32768); }},
+      {"decode phases fp8 64x32K", [] { decode_phases(kCacheKinds[1], 64, 32768); }},
       {"projection", projection},
       {"prefill end to end", prefill_end_to_end},
       {"production prefill set", [&] { production_cases(cases_path); }},
