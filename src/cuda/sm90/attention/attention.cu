@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kAttentionEmptyRowThreads)
   if (p.rows.request_of(t) >= 0) return;
   const float zeros[32] = {};
   for (int item = threadIdx.x; item < p.num_q_heads * 4; item += kAttentionEmptyRowThreads) {
-    attention_detail::store_group(p.store, t, item / 4, item % 4, zeros, -INFINITY);
+    attention_detail::store_values(p.store, t, item / 4, item % 4 * 32, zeros, -INFINITY);
   }
 }
 

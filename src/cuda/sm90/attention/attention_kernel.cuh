@@ -390,9 +390,17 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     float* dst = part_o + (warp * 16 + r) * Traits::kPartialStride;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-      if constexpr (kRegisterV) {  // back to the natural dim order
-        dst[register_pv_dim(nt, 2 * (lane % 4))] = o[nt][2 * half];
-        dst[register_pv_dim(nt, 2 * (lane % 4) + 1)] = o[nt][2 * half + 1];
+      if constexpr (kRegisterV) {
+        // Back to the natural dim order: column c of n-tiles 4 J .. 4 J + 3 holds 4 consecutive
+        // dims (register_pv_dim), one 16-byte store.
+        if (nt % 4 == 0) {
+#pragma unroll
+          for (int c = 0; c < 2; ++c) {
+            *reinterpret_cast<float4*>(dst + register_pv_dim(nt, 2 * (lane % 4) + c)) =
+                make_float4(o[nt][2 * half + c], o[nt + 1][2 * half + c], o[nt + 2][2 * half + c],
+                            o[nt + 3][2 * half + c]);
+          }
+        }
       } else {
         *reinterpret_cast<float2*>(dst + nt * 8 + 2 * (lane % 4)) =
             make_float2(o[nt][2 * half], o[nt][2 * half + 1]);
@@ -431,23 +439,16 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     constexpr float kLn2 = 0.6931471805599453f;
     return out_scale.lse_log2 * kLn2;
   };
-  if (!Traits::kClusterSplits || p.splits == 1) {
-    // Final outputs by groups of 32 values (MXFP8 quantizes 32 at a time).
-    for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
-      const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
-      float v[32];
-      const float lse = merge(row, head, grp * 32, v);
-      store_group(p.store, tile.row + row, kv_head * p.group + head, grp, v, lse);
-    }
-    phase_stamp(p.clock, 4);
-  } else if constexpr (Traits::kClusterSplits) {
-    // The splits of this row tile are one cluster (grid.z). Each CTA leaves its rows, normalised,
-    // and their log-sum-exps in its shared memory, by pieces of 8 values (4x the threads share
-    // the key parts' merge, which is on the latency path of the small batches that split) ...
-    namespace cg = cooperative_groups;
-    const cg::cluster_group cluster = cg::this_cluster();
-    float* split_o = part_sum + Traits::kWarps * 16;  // [kRows * 16 (row, head)][128]
-    float* split_lse = split_o + Traits::kRows * 16 * 128;
+  // One-row decode tiles have 64 groups of 32 values for 256 threads: there the key parts are
+  // merged by pieces of 8 (4x the threads share the merge, which is on the latency path of every
+  // step; 1 us of fp8's 3 at 64 x 32K) into shared memory and stored from there. Not for NVFP4,
+  // whose page loop measured 1.3 us slower with it (64 x 32K, its registers 124 -> 128).
+  constexpr bool kPieceMerge =
+      Traits::kClusterSplits && Traits::kRows == 1 && kFormat != KvFormat::kNvfp4;
+  float* split_o = part_sum + Traits::kWarps * 16;  // [kRows * 16 (row, head)][128]
+  float* split_lse = split_o + Traits::kRows * 16 * 128;
+  // (row, head)'s values, normalised, and its log-sum-exp into shared memory by pieces of 8.
+  auto merge_to_shared = [&] {
     for (int item = threadIdx.x; item < tile.rows * p.group * 16; item += Traits::kThreads) {
       const int row = item / (p.group * 16), head = (item / 16) % p.group, piece = item % 16;
       float v[8];
@@ -457,6 +458,38 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       dst[1] = make_float4(v[4], v[5], v[6], v[7]);
       if (piece == 0) split_lse[row * 16 + head] = lse;
     }
+  };
+  if (!Traits::kClusterSplits || p.splits == 1) {
+    // Final outputs by groups of 32 values (MXFP8 quantizes 32 at a time).
+    if constexpr (kPieceMerge) {
+      merge_to_shared();
+      __syncthreads();
+    }
+    for (int item = threadIdx.x; item < tile.rows * p.group * 4; item += Traits::kThreads) {
+      const int row = item / (p.group * 4), head = (item / 4) % p.group, grp = item % 4;
+      float v[32];
+      float lse;
+      if constexpr (kPieceMerge) {
+        const auto* src = reinterpret_cast<const float4*>(split_o + (row * 16 + head) * 128);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const float4 x = src[grp * 8 + j];
+          v[4 * j] = x.x, v[4 * j + 1] = x.y, v[4 * j + 2] = x.z, v[4 * j + 3] = x.w;
+        }
+        lse = split_lse[row * 16 + head];
+      } else {
+        lse = merge(row, head, grp * 32, v);
+      }
+      store_values(p.store, tile.row + row, kv_head * p.group + head, grp * 32, v, lse);
+    }
+    phase_stamp(p.clock, 4);
+  } else if constexpr (Traits::kClusterSplits) {
+    // The splits of this row tile are one cluster (grid.z). Each CTA leaves its rows, normalised,
+    // and their log-sum-exps in its shared memory (4x the threads share the key parts' merge,
+    // which is on the latency path of the small batches that split) ...
+    merge_to_shared();
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
     cluster.sync();  // every split's rows are in its shared memory
     phase_stamp(p.clock, 4);
     // ... then CTA r merges the (row, head) vectors r, r + splits, ... of every split through
@@ -512,8 +545,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       float v[32];
 #pragma unroll
       for (int j = 0; j < 32; ++j) v[j] = merged[local * 128 + grp * 32 + j];
-      store_group(p.store, tile.row + vec / p.group, kv_head * p.group + vec % p.group, grp, v,
-                  merged_lse[local]);
+      store_values(p.store, tile.row + vec / p.group, kv_head * p.group + vec % p.group, grp * 32,
+                   v, merged_lse[local]);
     }
     phase_stamp(p.clock, 5);
     cluster.barrier_wait(std::move(done_reading));  // no CTA leaves while its rows may be read

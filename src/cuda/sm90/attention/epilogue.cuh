@@ -38,32 +38,39 @@ __device__ __forceinline__ void add_scaled(float (&v)[W], const float* src, floa
   }
 }
 
-// Stores 32 consecutive output values (group `grp` of head `hq`'s D = 128) of row t, and the
-// log-sum-exp with group 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
-__device__ inline void store_group(const AttentionStore& s, std::int64_t t, int hq, int grp,
-                                   const float (&v)[32], float lse) {
+// Stores W consecutive output values (dims col .. col + W - 1 of head hq's D = 128) of row t, and
+// the log-sum-exp with dim 0. MXFP8 quantizes whole groups of 32 (W == 32) from the bf16-rounded
+// values with the CPU's own code; pieces of 8 are for the other output types.
+template <int W>
+__device__ inline void store_values(const AttentionStore& s, std::int64_t t, int hq, int col,
+                                    const float (&v)[W], float lse) {
+  static_assert(W == 8 || W == 32);
   if (s.dtype == DType::kFp8E4m3) {
-    std::uint16_t bf16[32];
-    for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
-    alignas(16) std::uint8_t codes[32];
-    const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
-    const std::int64_t col = std::int64_t{hq} * 128 + grp * 32;
-    auto* dst =
-        reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + col);
-    dst[0] = reinterpret_cast<const uint4*>(codes)[0];
-    dst[1] = reinterpret_cast<const uint4*>(codes)[1];
-    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, col / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
-        scale;
+    if constexpr (W != 32) {
+      __trap();  // the callers store MXFP8 by groups of 32
+    } else {
+      std::uint16_t bf16[32];
+      for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
+      alignas(16) std::uint8_t codes[32];
+      const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
+      const std::int64_t column = std::int64_t{hq} * 128 + col;
+      auto* dst =
+          reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + column);
+      dst[0] = reinterpret_cast<const uint4*>(codes)[0];
+      dst[1] = reinterpret_cast<const uint4*>(codes)[1];
+      s.mxfp8_scales[fmt::mxfp8_scale_offset(t, column / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
+          scale;
+    }
   } else if (s.dtype == DType::kFp32) {
     auto* dst = reinterpret_cast<float4*>(static_cast<float*>(s.out) + t * s.row_stride +
-                                          hq * s.head_stride + grp * 32);
-    for (int i = 0; i < 8; ++i)
+                                          hq * s.head_stride + col);
+    for (int i = 0; i < W / 4; ++i)
       dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   } else {
     const bool half = s.dtype == DType::kFp16;
     auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.out) + t * s.row_stride +
-                                         hq * s.head_stride + grp * 32);
-    for (int i = 0; i < 4; ++i) {
+                                         hq * s.head_stride + col);
+    for (int i = 0; i < W / 8; ++i) {
       std::uint32_t w[4];
       for (int j = 0; j < 4; ++j) {
         const float lo = v[8 * i + 2 * j], hi = v[8 * i + 2 * j + 1];
@@ -72,7 +79,7 @@ __device__ inline void store_group(const AttentionStore& s, std::int64_t t, int 
       dst[i] = make_uint4(w[0], w[1], w[2], w[3]);
     }
   }
-  if (grp == 0 && s.lse) s.lse[t * s.lse_row_stride + hq * s.lse_head_stride] = lse;
+  if (col == 0 && s.lse) s.lse[t * s.lse_row_stride + hq * s.lse_head_stride] = lse;
 }
 
 }  // namespace flashmsa::cuda::attention_detail
