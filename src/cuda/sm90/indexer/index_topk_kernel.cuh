@@ -2,9 +2,10 @@
 //
 // Each visible block gets a 32-bit key that orders like its rank key (group max over the kv
 // head's index heads, NaN as -1e30, -0 as +0, forcing 1e30 / 1e29). A most-significant-digit
-// radix select (4 passes of 8 bits over the keys in shared memory) finds the k-th largest key T
-// and how many blocks equal to T to take; ties go to the smaller block id, so the selected set
-// is exactly the CPU backend's. Block scans then place the ids in ascending order, and the
+// radix select (up to 4 passes of 8 bits over the keys in shared memory; it stops once every
+// block of the k-th largest key's digit is taken) finds that key's decided bits T and how many
+// blocks matching T to take; ties go to the smaller block id, so the selected set is exactly the
+// CPU backend's. Block scans then place the ids in ascending order, and the
 // score order (at most 64 ids) is a rank sort. Rows with at most one block per thread (contexts
 // up to 16K) skip the radix passes: each block's rank is counted directly.
 #pragma once
@@ -37,6 +38,7 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
   __shared__ std::uint32_t histogram[256];
   __shared__ std::uint32_t s_prefix;
   __shared__ int s_need;
+  __shared__ bool s_whole;
   __shared__ std::int32_t selected[kMaxTopk], ordered[kMaxTopk];
   extern __shared__ std::uint32_t keys[];  // [max_blocks]
 
@@ -83,8 +85,9 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
     Scan(scan_storage).ExclusiveSum(static_cast<int>(take), position);
     if (take) selected[position] = b;
   } else {
-    // Threshold key and how many blocks equal to it are taken (all blocks when nvb <= topk).
-    std::uint32_t threshold = 0;
+    // Threshold key (its bits under `decided`) and how many blocks equal to it there are taken
+    // (all blocks when nvb <= topk).
+    std::uint32_t threshold = 0, decided = 0xffffffffu;
     int need_equal = nvb;
     if (nvb > p.topk) {
       std::uint32_t prefix = 0, mask = 0;
@@ -113,6 +116,7 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
               if (acc + c >= need) {
                 s_prefix = prefix | (static_cast<std::uint32_t>(digit) << shift);
                 s_need = need - acc;
+                s_whole = need - acc == c;  // the digit's blocks are all taken: decided
                 break;
               }
               acc += c;
@@ -123,8 +127,12 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
         prefix = s_prefix;
         need = s_need;
         mask |= 255u << shift;
+        // Every block of the threshold's digit is taken: the lower bits cannot change the set
+        // (random scores mostly decide within two passes of the four).
+        if (s_whole) break;
       }
       threshold = prefix;
+      decided = mask;
       need_equal = need;
     }
 
@@ -134,13 +142,14 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
     const int lo = min(nvb, static_cast<int>(threadIdx.x) * per_thread);
     const int hi = min(nvb, lo + per_thread);
     int equal_here = 0;
-    for (int b = lo; b < hi; ++b) equal_here += keys[b] == threshold;
+    for (int b = lo; b < hi; ++b) equal_here += (keys[b] & decided) == threshold;
     int equal_before;
     Scan(scan_storage).ExclusiveSum(equal_here, equal_before);
     __syncthreads();
     auto taken = [&](int b, int& equal_seen) {
-      if (keys[b] > threshold) return true;
-      if (keys[b] != threshold) return false;
+      const std::uint32_t key = keys[b] & decided;
+      if (key > threshold) return true;
+      if (key != threshold) return false;
       return equal_before + equal_seen++ < need_equal;
     };
     int count_here = 0;
