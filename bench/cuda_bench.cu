@@ -791,8 +791,11 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
           return v[std::min(v.size() - 1, v.size() * pct / 100)];
         };
         add(name + ": CTA starts, 90th percentile", percentile(starts, 90));
-        for (const int pct : {10, 50, 90})
-          add(name + ": CTA ends, " + std::to_string(pct) + "th percentile", percentile(ends, pct));
+        for (const int pct : {10, 50, 90}) {
+          if (!ends.empty())  // none when no CTA recorded a phase after its start
+            add(name + ": CTA ends, " + std::to_string(pct) + "th percentile",
+                percentile(ends, pct));
+        }
         for (int ph = 1; ph <= last; ++ph) {
           if (!phase_us[ph].empty())
             add(name + ": per CTA, " + kernels[k].phases[ph - 1], median(phase_us[ph]));

@@ -298,9 +298,10 @@ void check_adversarial_topk(const AttentionBackend& b) {
   // Row 4 had no valid id: zeros and -inf.
   EXPECT_EQ(run.lse[4 * 64], -std::numeric_limits<float>::infinity());
 
-  // Decode, lists 40 wide (the GPU's 1-row tiles place a row's entries with a warp, two entries a
-  // lane): repeats within and across both halves of the list, ids past the row's position or
-  // the table, a table entry outside the cache, a row with nothing valid; bf16 and E4M3 caches.
+  // Decode (dql 1 and 2), lists 40 wide: repeats within the list's first 32 entries and across
+  // them, ids past the row's position or the table, a table entry outside the cache, a row with
+  // nothing valid; bf16 and E4M3 caches (on the GPU, the shared-memory and the per-warp register
+  // decode paths).
   for (const DType kv : {DType::kBf16, DType::kFp8E4m3}) {
     for (const int dql : {1, 2}) {
       SCOPED_TRACE(::testing::Message() << to_string(kv) << ", decode_query_len " << dql);
@@ -312,7 +313,7 @@ void check_adversarial_topk(const AttentionBackend& b) {
       std::vector<std::int32_t> ids(static_cast<std::size_t>(hkv * d.num_rows * w));
       for (auto& id : ids) id = static_cast<std::int32_t>(rng() % 40) - 3;  // -3 .. 36
       for (std::int64_t h = 0; h < hkv; ++h) {
-        std::int32_t* row = ids.data() + h * d.num_rows * w;  // request 0: one block, repeated
+        std::int32_t* row = ids.data() + h * d.num_rows * w;  // request 0: blocks 5 and 7, repeated
         std::fill(row, row + w, 5);
         row[39] = 7;
         row[33] = 7;
