@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -760,6 +761,12 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
         unsigned long long first_start = ~0ull, last_end = 0;
         std::vector<std::vector<double>> phase_us(last + 1);
         std::vector<double> starts, ends;  // each CTA's start and end, from t0 (us)
+        // Each CTA's end and phase lengths (globaltimer, us), by the SM it ran on (%smid + 1).
+        struct CtaTimes {
+          double end;
+          std::vector<double> phases;
+        };
+        std::map<unsigned long long, std::vector<CtaTimes>> by_sm;
         for (std::int64_t c = 0; c < kCtas; ++c) {
           const unsigned long long* row = host[k].data() + c * 2 * kPhaseSlots;
           if (row[0] == 0) continue;
@@ -769,6 +776,13 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
             if (row[ph]) {
               last_end = std::max(last_end, row[ph]);
               ends.push_back(double(row[ph] - t0) * 1e-3);
+              CtaTimes t{ends.back(), std::vector<double>(last + 1, 0.0)};
+              for (int q = 1, prev = 0; q <= ph; ++q) {
+                if (row[q] == 0) continue;
+                t.phases[q] = double(row[q] - row[prev]) * 1e-3;
+                prev = q;
+              }
+              by_sm[row[flashmsa::cuda::kSmSlot]].push_back(std::move(t));
               break;
             }
           }
@@ -795,6 +809,32 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
           if (!ends.empty())  // none when no CTA recorded a phase after its start
             add(name + ": CTA ends, " + std::to_string(pct) + "th percentile",
                 percentile(ends, pct));
+        }
+        // Whose spread it is: the SMs' (their CTAs end together, the SMs apart) or the work's
+        // (CTAs of one SM end apart), and in which phase the SM's last CTA loses to its first.
+        std::vector<double> sm_mean, within;
+        std::vector<std::vector<double>> within_phase(last + 1);
+        for (auto& [sm, v] : by_sm) {
+          double sum = 0;
+          for (const CtaTimes& t : v) sum += t.end;
+          sm_mean.push_back(sum / v.size());
+          if (v.size() < 2) continue;
+          const auto [first, latest] = std::minmax_element(
+              v.begin(), v.end(),
+              [](const CtaTimes& a, const CtaTimes& b) { return a.end < b.end; });
+          within.push_back(latest->end - first->end);
+          for (int ph = 1; ph <= last; ++ph)
+            within_phase[ph].push_back(latest->phases[ph] - first->phases[ph]);
+        }
+        if (!sm_mean.empty())
+          add(name + ": SMs' mean CTA end, 90th - 10th percentile",
+              percentile(sm_mean, 90) - percentile(sm_mean, 10));
+        if (!within.empty()) {
+          add(name + ": CTA ends within an SM, latest - earliest (median over SMs)",
+              median(within));
+          for (int ph = 1; ph <= last; ++ph)
+            add(name + ": within an SM, latest - earliest CTA, " + kernels[k].phases[ph - 1],
+                median(within_phase[ph]));
         }
         for (int ph = 1; ph <= last; ++ph) {
           if (!phase_us[ph].empty())
