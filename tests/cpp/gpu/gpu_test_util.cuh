@@ -66,7 +66,11 @@ class CapturedGraph {
     cudaGraphDestroy(graph_);
     cudaStreamDestroy(stream_);
   }
+  // The tests change inputs between replays with cudaMemcpy / cudaMemset on the legacy default
+  // stream, which a non-blocking stream does not wait for (and a pageable cudaMemcpy can return
+  // before its copy has landed): wait for the whole device first.
   void replay() const {
+    FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
     FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
     FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
