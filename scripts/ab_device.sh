@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# A/B runs of code variants on one H100/H200 machine: every variant built there and measured in
+# alternating rounds, so the machine's own speed cancels out of the comparison.
+#
+# Variants are patches on top of the tree as it is (variant "base"): ab/NAME/*.patch, made on the
+# development machine with e.g. `mkdir -p ab/v1 && git diff main wip/x > ab/v1/change.patch`
+# (ab/ is git-ignored: name it in the device tool's `carry`). Each build applies the variant's
+# patches, builds the GPU tests and the benchmark (build-gpu/ab/{tests,bench}_NAME) and reverts
+# them; applying rewrites the files, so the build always sees them as changed.
+#
+#   scripts/ab_device.sh build NAME...                 (base for the tree as it is)
+#   scripts/ab_device.sh test NAME FILTER [SHARDS]     (concurrent gtest shards, default 8)
+#   scripts/ab_device.sh sanitize NAME FILTER [SHARDS] (memcheck, racecheck, initcheck)
+#   scripts/ab_device.sh bench ROUNDS NAME...          (POINTS="fp8,64,32768,1 ..." grid points,
+#                                                       PHASES=1 adds the decode phases)
+#   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline)
+#   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
+# Logs and JSON go to build-gpu/ab/logs.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+mode=${1:?usage: see the header of $0}
+shift
+logs=build-gpu/ab/logs
+mkdir -p "$logs"
+
+patches_of() { [ "$1" = base ] || ls ab/"$1"/*.patch; }
+# apply [-R] FILE: git apply (which also works outside a repository), else patch(1).
+apply() {
+  if command -v git >/dev/null; then
+    git apply "$@"
+    return
+  fi
+  local reverse=()
+  [ "$1" = -R ] && { reverse=(-R); shift; }
+  patch -s -p1 "${reverse[@]}" <"$1"
+}
+
+case $mode in
+build)
+  cmake -S . -B build-gpu -G Ninja >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+  for v in "$@"; do
+    start=$SECONDS
+    for p in $(patches_of "$v"); do apply "$p" || { echo "$v: $p does not apply"; exit 1; }; done
+    cmake --build build-gpu -j"$(nproc)" --target flashmsa_gpu_tests flashmsa_cuda_bench \
+      >"$logs/build_$v.log" 2>&1
+    rc=$?
+    for p in $(patches_of "$v" | tac); do apply -R "$p"; done
+    [ $rc = 0 ] || { tail -40 "$logs/build_$v.log"; exit 1; }
+    cp build-gpu/tests/cpp/flashmsa_gpu_tests "build-gpu/ab/tests_$v"
+    cp build-gpu/bench/flashmsa_cuda_bench "build-gpu/ab/bench_$v"
+    echo "built $v in $((SECONDS - start)) s"
+  done
+  ;;
+test | sanitize)
+  v=$1 filter=$2 shards=${3:-8} status=0
+  tools=(none)
+  [ "$mode" = sanitize ] && tools=(memcheck racecheck initcheck)
+  for tool in "${tools[@]}"; do
+    pids=()
+    for ((i = 0; i < shards; ++i)); do
+      run=("build-gpu/ab/tests_$v" --gtest_filter="$filter")
+      [ "$tool" = none ] || run=(compute-sanitizer --tool "$tool" --error-exitcode 9 "${run[@]}")
+      GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "${run[@]}" >"$logs/${mode}_${v}_${tool}_$i.log" 2>&1 &
+      pids+=($!)
+    done
+    rc=0
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    status=$((status | rc))
+    echo "$mode $v $tool: rc $rc;" \
+      "$(cat "$logs/${mode}_${v}_${tool}"_*.log | grep -hoE '^\[  (PASSED|FAILED)  \] [0-9]+ tests?|(ERROR|RACECHECK) SUMMARY: .*' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+  done
+  exit $status
+  ;;
+bench)
+  rounds=$1
+  shift
+  points=()
+  for p in ${POINTS:-}; do points+=(--grid-point "$p"); done
+  for ((r = 0; r < rounds; ++r)); do
+    for v in "$@"; do
+      "build-gpu/ab/bench_$v" --filter "decode grid" "${points[@]}" --json "$logs/grid_${v}_$r.json" \
+        >"$logs/grid_${v}_$r.txt" 2>&1 || echo "bench $v round $r failed"
+      if [ -n "${PHASES:-}" ]; then
+        "build-gpu/ab/bench_$v" --filter "decode phases" --json "$logs/phases_${v}_$r.json" \
+          >"$logs/phases_${v}_$r.txt" 2>&1 || echo "phases $v round $r failed"
+      fi
+    done
+  done
+  ;;
+summary)
+  python3 - "$logs" "$@" <<'EOF'
+import collections, glob, json, math, re, sys
+logs, variants = sys.argv[1], sys.argv[2:]
+values = collections.defaultdict(lambda: collections.defaultdict(list))
+for v in variants:
+    for f in sorted(glob.glob(f"{logs}/grid_{v}_*.json") + glob.glob(f"{logs}/phases_{v}_*.json")):
+        for c in json.load(open(f)).get("cases", []):
+            # grid cases: their time; phase cases: their value (us)
+            x = c.get("value") if c["name"].startswith("decode phases") else c.get("median_us")
+            if x is not None:
+                values[c["name"]][v].append(x)
+median = lambda x: sorted(x)[len(x) // 2]
+ratios = collections.defaultdict(list)
+shown = re.compile(r": (step|attention|indexer scoring|top-k|fused step)|last CTA ends|per CTA|within an SM")
+for name, by in values.items():
+    if not all(v in by for v in variants):
+        continue
+    m = [median(by[v]) for v in variants]
+    if shown.search(name):
+        print(f"{name[:78]:78s}" + "".join(f"{x:9.2f}" for x in m))
+    if name.startswith("decode grid") and name.endswith(": step"):
+        for v, x in zip(variants[1:], m[1:]):
+            ratios[v].append(x / m[0])
+for v in variants[1:]:
+    if ratios[v]:
+        g = math.exp(sum(map(math.log, ratios[v])) / len(ratios[v]))
+        print(f"steps {v} / {variants[0]}: {g:.4f} (geometric mean of {len(ratios[v])} points)")
+EOF
+  ;;
+pack)
+  tar czf "$OUT/${1:?a file name}.tgz" -C build-gpu/ab logs
+  ;;
+*)
+  echo "ab_device.sh: unknown mode $mode (build, test, sanitize, bench, summary, pack)"
+  exit 2
+  ;;
+esac
