@@ -38,39 +38,32 @@ __device__ __forceinline__ void add_scaled(float (&v)[W], const float* src, floa
   }
 }
 
-// Stores W consecutive output values (dims col .. col + W - 1 of head hq's D = 128) of row t, and
-// the log-sum-exp with dim 0. MXFP8 quantizes whole groups of 32 (W == 32) from the bf16-rounded
-// values with the CPU's own code; pieces of 8 are for the other output types.
-template <int W>
+// Stores 32 consecutive output values (dims col .. col + 31 of head hq's D = 128) of row t, and
+// the log-sum-exp with dim 0. MXFP8 quantizes the bf16-rounded values with the CPU's own code.
 __device__ inline void store_values(const AttentionStore& s, std::int64_t t, int hq, int col,
-                                    const float (&v)[W], float lse) {
-  static_assert(W == 8 || W == 32);
+                                    const float (&v)[32], float lse) {
   if (s.dtype == DType::kFp8E4m3) {
-    if constexpr (W != 32) {
-      __trap();  // the callers store MXFP8 by groups of 32
-    } else {
-      std::uint16_t bf16[32];
-      for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
-      alignas(16) std::uint8_t codes[32];
-      const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
-      const std::int64_t column = std::int64_t{hq} * 128 + col;
-      auto* dst =
-          reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + column);
-      dst[0] = reinterpret_cast<const uint4*>(codes)[0];
-      dst[1] = reinterpret_cast<const uint4*>(codes)[1];
-      s.mxfp8_scales[fmt::mxfp8_scale_offset(t, column / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
-          scale;
-    }
+    std::uint16_t bf16[32];
+    for (int i = 0; i < 32; ++i) bf16[i] = fmt::float_to_bf16(v[i]);
+    alignas(16) std::uint8_t codes[32];
+    const std::uint8_t scale = fmt::mxfp8_quantize_group(bf16, codes, s.mxfp8_rule);
+    const std::int64_t column = std::int64_t{hq} * 128 + col;
+    auto* dst =
+        reinterpret_cast<uint4*>(static_cast<std::uint8_t*>(s.out) + t * s.row_stride + column);
+    dst[0] = reinterpret_cast<const uint4*>(codes)[0];
+    dst[1] = reinterpret_cast<const uint4*>(codes)[1];
+    s.mxfp8_scales[fmt::mxfp8_scale_offset(t, column / 32, s.mxfp8_scale_cols, s.mxfp8_layout)] =
+        scale;
   } else if (s.dtype == DType::kFp32) {
     auto* dst = reinterpret_cast<float4*>(static_cast<float*>(s.out) + t * s.row_stride +
                                           hq * s.head_stride + col);
-    for (int i = 0; i < W / 4; ++i)
+    for (int i = 0; i < 8; ++i)
       dst[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
   } else {
     const bool half = s.dtype == DType::kFp16;
     auto* dst = reinterpret_cast<uint4*>(static_cast<std::uint16_t*>(s.out) + t * s.row_stride +
                                          hq * s.head_stride + col);
-    for (int i = 0; i < W / 8; ++i) {
+    for (int i = 0; i < 4; ++i) {
       std::uint32_t w[4];
       for (int j = 0; j < 4; ++j) {
         const float lo = v[8 * i + 2 * j], hi = v[8 * i + 2 * j + 1];
