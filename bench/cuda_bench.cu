@@ -594,14 +594,17 @@ __global__ void index_queries_bf16(std::uint16_t* p, std::int64_t rows, bool coh
 }
 
 // Per-step time of the decode step (graph) and of its two halves, for `requests` x `len` with
-// `dql` query rows per request in `kind`'s caches; the bytes are those that must be read.
+// `dql` query rows per request in `kind`'s caches; the bytes are those that must be read. The
+// step is the one call sparse_decode_step (the attention selects where it can); two_calls is the
+// same step as index_decode then sparse_attention_decode.
 struct DecodeTimes {
-  Stat step, indexer, score, attention;
+  Stat step, two_calls, indexer, score, attention;
   std::int64_t step_bytes = 0, attention_bytes = 0;
 };
 
-// Set by decode_phases: called with the first step graph once the step has been timed.
-std::function<void(cudaGraphExec_t, cudaStream_t)> g_step_study;
+// Set by decode_phases: called with the first step graph once the step has been timed (label
+// "step: "), and with the two calls' (label "two calls: ").
+std::function<void(cudaGraphExec_t, cudaStream_t, const std::string&)> g_step_study;
 
 DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_t len, int dql) {
   const Config c = config_for(kind);
@@ -637,20 +640,25 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   ao.workspace = wsv;
   cudaStream_t stream;
   FLASHMSA_CHECK_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  std::vector<cudaGraphExec_t> graphs[4];  // step, indexer, attention, indexer scoring only
+  // step (one call), indexer, attention, indexer scoring only, step as two calls
+  std::vector<cudaGraphExec_t> graphs[5];
   for (std::int64_t r = 0; r < rotations; ++r) {
     const DecodeBatch batch{
         seq,
         device_view(table.ptr + r * requests * max_blocks, DType::kInt32, {requests, max_blocks}),
         dql};
-    for (int part = 0; part < 4; ++part) {
+    for (int part = 0; part < 5; ++part) {
       cudaGraph_t g;
       cudaGraphExec_t e;
       FLASHMSA_CHECK_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-      if (part == 0 || part == 1) {
+      if (part == 0) {
+        sparse_decode_step(c, iqv, caches.index_view, qv, caches.kv_view, batch, io, ao,
+                           {.stream = stream});
+      }
+      if (part == 4 || part == 1) {
         index_decode(c, iqv, caches.index_view, batch, io, {.stream = stream});
       }
-      if (part == 0 || part == 2) {
+      if (part == 4 || part == 2) {
         sparse_attention_decode(c, qv, caches.kv_view, batch, tk, ao, {.stream = stream});
       }
       if (part == 3) {
@@ -664,10 +672,33 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   }
   DecodeTimes t;
   t.step = time_graphs(graphs[0], stream);  // also leaves valid top-k lists
-  if (g_step_study) g_step_study(graphs[0][0], stream);
+  if (g_step_study) g_step_study(graphs[0][0], stream, "step: ");
   t.indexer = time_graphs(graphs[1], stream);
   t.attention = time_graphs(graphs[2], stream);
   t.score = time_graphs(graphs[3], stream);
+  t.two_calls = time_graphs(graphs[4], stream);
+  if (g_step_study) g_step_study(graphs[4][0], stream, "two calls: ");
+  // The one call must leave what the two calls leave, bit for bit (same selection, same union
+  // order).
+  {
+    std::vector<std::uint16_t> out_two(out.n), out_one(out.n);
+    std::vector<std::int32_t> ids_two(topk.n), ids_one(topk.n);
+    for (int part : {4, 0}) {
+      FLASHMSA_CHECK_CUDA(cudaMemsetAsync(out.ptr, 0xA5, out.n * 2, stream));
+      FLASHMSA_CHECK_CUDA(cudaMemsetAsync(topk.ptr, 0xA5, topk.n * 4, stream));
+      FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[part][0], stream));
+      FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream));
+      FLASHMSA_CHECK_CUDA(cudaMemcpy((part ? out_two : out_one).data(), out.ptr, out.n * 2,
+                                     cudaMemcpyDeviceToHost));
+      FLASHMSA_CHECK_CUDA(cudaMemcpy((part ? ids_two : ids_one).data(), topk.ptr, topk.n * 4,
+                                     cudaMemcpyDeviceToHost));
+    }
+    if (out_one != out_two || ids_one != ids_two) {
+      throw std::runtime_error("decode " + std::string(kind.name) + " " + std::to_string(requests) +
+                               "x" + std::to_string(len) +
+                               ": sparse_decode_step's outputs differ from the two calls'");
+    }
+  }
   std::vector<std::int32_t> ids(std::size_t(4 * rows * 16));
   FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
   std::int64_t distinct = 0;  // each (request, kv head)'s pages, its rows' selections merged
@@ -739,7 +770,7 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
-  g_step_study = [&](cudaGraphExec_t step, cudaStream_t stream) {
+  g_step_study = [&](cudaGraphExec_t step, cudaStream_t stream, const std::string& label) {
     for (int warm = 0; warm < 10; ++warm) FLASHMSA_CHECK_CUDA(cudaGraphLaunch(step, stream));
     for (int sample = 0; sample < 15; ++sample) {
       for (auto& b : stamps)
@@ -795,7 +826,7 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
           }
         }
         if (first_start == ~0ull) continue;  // not launched
-        const std::string name = kernels[k].name;
+        const std::string name = label + kernels[k].name;
         add(name + ": first CTA starts", double(first_start - t0) * 1e-3);
         add(name + ": last CTA ends", double(last_end - t0) * 1e-3);
         // The spread of the CTAs' starts and ends: a one-wave grid lasts as long as its slowest
@@ -849,6 +880,8 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
   const std::string shape = std::string("decode phases ") + kind.name + " " +
                             std::to_string(requests) + "x" + std::to_string(len / 1024) + "K: ";
   report(shape + "step (graph, events)", t.step.median_s * 1e6, "us", 1.0, t.step);
+  report(shape + "step as two calls (graph, events)", t.two_calls.median_s * 1e6, "us",
+         t.two_calls.median_s / t.step.median_s, t.two_calls);
   for (const auto& [name, v] : metrics) {
     const double us = median(v);
     report(shape + name, us, "us", us / (t.step.median_s * 1e6), Stat{us * 1e-6, 0.0});
@@ -919,6 +952,9 @@ void decode_grid() {
                  topk.median_s / t.step.median_s, topk);
           report(std::string(name) + ": attention", t.attention_bytes / t.attention.median_s / 1e12,
                  "TB/s", t.attention_bytes / t.attention.median_s / 1e12 / g_hbm_tbps, t.attention);
+          const double two = t.step_bytes / t.two_calls.median_s / 1e12;
+          report(std::string(name) + ": step as two calls (index_decode + sparse_attention_decode)",
+                 two, "TB/s", two / g_hbm_tbps, t.two_calls);
         }
       }
     }
@@ -1405,6 +1441,7 @@ int main(int argc, char** argv) {
       {"decode phases 1x8K", [] { decode_phases(kCacheKinds[0], 1, 8192); }},
       {"decode phases 64x32K", [] { decode_phases(kCacheKinds[0], 64, 32768); }},
       {"decode phases fp8 64x32K", [] { decode_phases(kCacheKinds[1], 64, 32768); }},
+      {"decode phases fp8 128x128K", [] { decode_phases(kCacheKinds[1], 128, 131072); }},
       {"projection", projection},
       {"prefill end to end", prefill_end_to_end},
       {"production prefill set", [&] { production_cases(cases_path); }},

@@ -11,7 +11,8 @@
 set(FLASHMSA_SM90_KERNELS "" CACHE STRING
     "Regular expression selecting the sm90 kernel instantiations to build (empty: all)")
 
-set(_attention_traits AttentionPrefillTraits AttentionDecode1Traits AttentionDecodeSpecTraits)
+set(_attention_traits AttentionPrefillTraits AttentionDecode1Traits AttentionDecode1SelectTraits
+                      AttentionDecodeSpecTraits)
 set(_index_traits IndexScorePrefillTraits IndexScoreDecodeTraits16 IndexScoreDecodeTraits64)
 set(_types __nv_bfloat16 __half)
 

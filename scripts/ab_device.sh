@@ -102,7 +102,7 @@ for v in variants:
                 values[c["name"]][v].append(x)
 median = lambda x: sorted(x)[len(x) // 2]
 ratios = collections.defaultdict(list)
-shown = re.compile(r": (step|attention|indexer scoring|top-k|fused step)|last CTA ends|per CTA|within an SM")
+shown = re.compile(r": (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
 for name, by in values.items():
     if not all(v in by for v in variants):
         continue

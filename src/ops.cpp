@@ -486,6 +486,28 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
                       options.num_threads);
 }
 
+void sparse_decode_step(const Config& config, const TensorView& index_q,
+                        const IndexCacheView& index_cache, const TensorView& q,
+                        const KvCacheView& kv_cache, const DecodeBatch& batch,
+                        const IndexOutputs& index_outputs, const AttentionOutputs& outputs,
+                        const OpOptions& options) {
+  FLASHMSA_CHECK_ARG(index_cache.device == kv_cache.device,
+                     "index_cache and kv_cache must be on the same device");
+  if (kv_cache.device != Device::kCuda || options.checked) {
+    index_decode(config, index_q, index_cache, batch, index_outputs, options);
+    sparse_attention_decode(config, q, kv_cache, batch, index_outputs.topk, outputs, options);
+    return;
+  }
+  const Shapes s = checked_config(config, kv_cache.device);
+  check_index_args(config, s, index_q, index_cache, index_outputs);
+  check_attention_args(config, s, q, kv_cache, &index_outputs.topk, outputs, true);
+  FLASHMSA_CHECK_ARG(index_q.shape[0] == q.shape[0], "index_q and q must hold the same rows, got ",
+                     index_q.shape[0], " and ", q.shape[0]);
+  check_decode_batch(batch, kv_cache.device, q.shape[0]);
+  cuda::sparse_decode_step(config, index_q, index_cache, q, kv_cache, batch, index_outputs, outputs,
+                           options.stream);
+}
+
 void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv_cache,
                      const PrefillBatch& batch, const AttentionOutputs& outputs,
                      const OpOptions& options) {

@@ -63,6 +63,12 @@ void index_decode_phases(const Config&, const TensorView&, const IndexCacheView&
                          const DecodeBatch&, const IndexOutputs&, void*, bool) {
   throw Error(ErrorKind::kUnsupported, "index_decode: CUDA tensors, but this build has no CUDA");
 }
+void sparse_decode_step(const Config&, const TensorView&, const IndexCacheView&, const TensorView&,
+                        const KvCacheView&, const DecodeBatch&, const IndexOutputs&,
+                        const AttentionOutputs&, void*) {
+  throw Error(ErrorKind::kUnsupported,
+              "sparse_decode_step: CUDA tensors, but this build has no CUDA");
+}
 void sparse_attention_prefill(const Config&, const TensorView&, const KvCacheView&,
                               const PrefillBatch&, const TensorView&, const AttentionOutputs&,
                               void*) {

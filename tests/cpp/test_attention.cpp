@@ -3,6 +3,7 @@
 // the GPU tests.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "flashmsa/ops.hpp"
@@ -131,6 +132,61 @@ TEST(Attention, ArgumentErrors) {
                                        {.checked = true});
             }),
             "topk[0][0][5] = 1 is neither -1 nor a visible block (< 1)");
+}
+
+// The decode step in one call equals index_decode then sparse_attention_decode, bit for bit: top-k
+// lists, block scores, output and LSE (bf16 and E4M3 caches, speculative rows, a padding request,
+// score order); and the caches on different devices are refused by name.
+TEST(Attention, DecodeStepEqualsIndexerThenAttention) {
+  for (const DType kv : {DType::kBf16, DType::kFp8E4m3}) {
+    for (const int dql : {1, 3}) {
+      SCOPED_TRACE(::testing::Message() << to_string(kv) << ", dql " << dql);
+      Config c;
+      c.kv_cache_dtype = kv;
+      if (kv != DType::kBf16) c.set_index_cache_dtype(DType::kFp8E4m3);
+      c.topk_order = dql == 3 ? TopkOrder::kScoreDesc : TopkOrder::kAscending;
+      const Scenario s = test::make_decode(c, {2500, 0, 700}, dql, 31 + dql);
+      const std::int64_t T = s.num_rows, k = c.sparse_topk_blocks, w = s.max_blocks;
+      std::vector<std::int32_t> topk[2];
+      std::vector<float> scores[2], lse[2];
+      std::vector<std::uint16_t> out[2];
+      IndexOutputs index_out[2];
+      AttentionOutputs attention_out[2];
+      for (int i = 0; i < 2; ++i) {
+        topk[i].assign(static_cast<std::size_t>(4 * T * k), -5);
+        scores[i].assign(static_cast<std::size_t>(4 * T * w), 555.0f);
+        out[i].assign(static_cast<std::size_t>(T * 64 * 128), 0xFFFF);
+        lse[i].assign(static_cast<std::size_t>(T * 64), 777.0f);
+        index_out[i].topk = TensorView::contiguous(topk[i].data(), DType::kInt32, {4, T, k});
+        index_out[i].block_scores =
+            TensorView::contiguous(scores[i].data(), DType::kFp32, {4, T, w});
+        attention_out[i].out = TensorView::contiguous(out[i].data(), DType::kBf16, {T, 64, 128});
+        attention_out[i].lse = TensorView::contiguous(lse[i].data(), DType::kFp32, {T, 64});
+      }
+      const DecodeBatch batch = s.decode_batch();
+      index_decode(c, s.index_q_view(), s.cm->index_cache(), batch, index_out[0]);
+      sparse_attention_decode(c, s.q_view(), s.kv(), batch, index_out[0].topk, attention_out[0]);
+      sparse_decode_step(c, s.index_q_view(), s.cm->index_cache(), s.q_view(), s.kv(), batch,
+                         index_out[1], attention_out[1]);
+      EXPECT_EQ(topk[1], topk[0]);
+      EXPECT_EQ(0, std::memcmp(scores[1].data(), scores[0].data(), scores[0].size() * 4));
+      EXPECT_EQ(out[1], out[0]);
+      EXPECT_EQ(0, std::memcmp(lse[1].data(), lse[0].data(), lse[0].size() * 4));
+      EXPECT_NE(topk[1][0], -5);  // written
+    }
+  }
+  const Scenario s = test::make_decode(Config{}, {300}, 1, 5);
+  std::vector<std::int32_t> topk(4 * 16);
+  std::vector<std::uint16_t> out(64 * 128);
+  IndexCacheView elsewhere = s.cm->index_cache();
+  elsewhere.device = Device::kCuda;
+  EXPECT_EQ(test::error_message([&] {
+              sparse_decode_step(
+                  Config{}, s.index_q_view(), elsewhere, s.q_view(), s.kv(), s.decode_batch(),
+                  IndexOutputs{TensorView::contiguous(topk.data(), DType::kInt32, {4, 1, 16})},
+                  AttentionOutputs{TensorView::contiguous(out.data(), DType::kBf16, {1, 64, 128})});
+            }),
+            "index_cache and kv_cache must be on the same device");
 }
 
 }  // namespace

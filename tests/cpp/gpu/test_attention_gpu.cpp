@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "flashmsa/error.hpp"
@@ -200,6 +201,98 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
     graph.replay();
     m.download();
     test::check_attention_output(s, topk, k, DType::kBf16, out, lse, DType::kBf16);
+  }
+}
+
+// sparse_decode_step (the attention makes each 1-row tile's selection itself) leaves exactly what
+// index_decode then sparse_attention_decode leave: top-k lists, block scores, output and LSE bit
+// for bit (same selection, same union order), and the attention equals the oracle. Rows of 24 to
+// 313 blocks (the direct ranking and the radix passes, here with 256 threads), a padding request,
+// a forced local block whose table entry is outside the cache (selected, never attended), split
+// and unsplit tiles; score order with block scores on one case; and a batch of 4-row tiles and one
+// of more CTAs than two an SM, where the step falls back to the top-k kernel.
+TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  struct Case {
+    DType kv;
+    int dql;
+    std::vector<std::int64_t> lens;
+    bool score_order;
+  };
+  const std::vector<std::int64_t> four = {3000, 700, 0, 40000};
+  // More attention CTAs than two an SM (the top-k kernel selects): 280 > 2 x 132.
+  std::vector<std::int64_t> seventy(70);
+  for (std::size_t i = 0; i < seventy.size(); ++i) seventy[i] = 100 + 97 * i;
+  for (const Case& c : {Case{DType::kBf16, 1, four, false}, Case{DType::kBf16, 2, four, true},
+                        Case{DType::kFp8E4m3, 1, four, false},
+                        Case{DType::kFp8E4m3, 3, four, false}, Case{DType::kNvfp4, 1, four, true},
+                        Case{DType::kBf16, 4, {900, 0, 5000, 300, 2600, 128, 1, 7000, 40}, false},
+                        Case{DType::kFp8E4m3, 1, seventy, false}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << to_string(c.kv) << ", dql " << c.dql << ", " << c.lens.size() << " requests");
+    Config config;
+    config.kv_cache_dtype = c.kv;
+    if (c.kv != DType::kBf16) config.set_index_cache_dtype(DType::kFp8E4m3);
+    if (c.score_order) config.topk_order = TopkOrder::kScoreDesc;
+    Scenario s = test::make_decode(config, c.lens, c.dql, 41 + c.dql);
+    if (c.lens.size() == 4) s.block_table[3 * s.max_blocks + 40000 / 128] = 1 << 30;
+    const std::int64_t T = s.num_rows, k = s.config.sparse_topk_blocks, w = s.max_blocks;
+    // [0]: the two ops, [1]: the fused step; poisoned.
+    std::vector<std::int32_t> topk[2];
+    std::vector<float> scores[2], lse[2];
+    std::vector<std::uint8_t> out[2];
+    for (int i = 0; i < 2; ++i) {
+      topk[i].assign(static_cast<std::size_t>(4 * T * k), -5);
+      scores[i].assign(static_cast<std::size_t>(4 * T * w), 555.0f);
+      out[i].assign(static_cast<std::size_t>(T * 64 * 128 * 2), 0xFF);
+      lse[i].assign(static_cast<std::size_t>(T * 64), 777.0f);
+    }
+    const TensorView q = s.q_view(), iq = s.index_q_view();
+    const DecodeBatch batch = s.decode_batch();
+    std::vector<TensorView> views = {q, iq, batch.seq_lens, batch.block_table};
+    IndexOutputs index_out[2];
+    AttentionOutputs attention_out[2];
+    for (int i = 0; i < 2; ++i) {
+      index_out[i].topk = TensorView::contiguous(topk[i].data(), DType::kInt32, {4, T, k});
+      if (c.score_order) {
+        index_out[i].block_scores =
+            TensorView::contiguous(scores[i].data(), DType::kFp32, {4, T, w});
+      }
+      attention_out[i].out = TensorView::contiguous(out[i].data(), DType::kBf16, {T, 64, 128});
+      attention_out[i].lse = TensorView::contiguous(lse[i].data(), DType::kFp32, {T, 64});
+      for (const TensorView* t : {&index_out[i].topk, &index_out[i].block_scores,
+                                  &attention_out[i].out, &attention_out[i].lse}) {
+        views.push_back(*t);
+      }
+    }
+    test::DeviceMirror m;
+    for (const TensorView& t : views) m.add(t);
+    m.add(s.kv());
+    m.add(s.cm->index_cache());
+    m.upload();
+    test::DeviceBuffer<std::uint8_t> workspace(static_cast<std::size_t>(
+        decode_workspace_bytes(s.config, static_cast<std::int64_t>(c.lens.size()), c.dql, w)));
+    const DecodeBatch dev_batch{m.device(batch.seq_lens), m.device(batch.block_table), c.dql};
+    for (int i = 0; i < 2; ++i) {
+      index_out[i] = {m.device(index_out[i].topk),
+                      c.score_order ? m.device(index_out[i].block_scores) : TensorView{},
+                      test::workspace_view(workspace)};
+      attention_out[i].out = m.device(attention_out[i].out);
+      attention_out[i].lse = m.device(attention_out[i].lse);
+      attention_out[i].workspace = test::workspace_view(workspace);
+    }
+    index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out[0]);
+    sparse_attention_decode(s.config, m.device(q), m.device(s.kv()), dev_batch, index_out[0].topk,
+                            attention_out[0]);
+    sparse_decode_step(s.config, m.device(iq), m.device(s.cm->index_cache()), m.device(q),
+                       m.device(s.kv()), dev_batch, index_out[1], attention_out[1]);
+    FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+    m.download();
+    EXPECT_EQ(topk[1], topk[0]);
+    EXPECT_EQ(0, std::memcmp(scores[1].data(), scores[0].data(), scores[0].size() * 4));
+    EXPECT_EQ(out[1], out[0]);
+    EXPECT_EQ(0, std::memcmp(lse[1].data(), lse[0].data(), lse[0].size() * 4));
+    test::check_attention_output(s, topk[1], k, DType::kBf16, out[1], lse[1], DType::kBf16);
   }
 }
 

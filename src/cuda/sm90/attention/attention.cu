@@ -3,12 +3,16 @@
 // clusters). No host synchronisation and no allocation: decode can be captured in a graph.
 #include <cuda_runtime.h>
 
+#include <optional>
+
 #include "flashmsa/error.hpp"
 #include "src/attention_workspace.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_launch.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
+#include "src/cuda/sm90/indexer/index_topk_select.cuh"
+#include "src/cuda/sm90/indexer/indexer_host.hpp"
 #include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
@@ -169,6 +173,43 @@ bool decode_register_tiles(DType cache, DType q) {
   return quantized && q != DType::kFp16;
 }
 
+// Decode over `topk`, or (select) over the selection each 1-row tile makes itself.
+void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv,
+                const DecodeBatch& batch, const TensorView* topk,
+                const std::optional<IndexTopkParams>& select, const AttentionOutputs& out,
+                void* stream) {
+  AttentionParams p = common_params(config, q, kv, batch.block_table, topk, out);
+  if (select) {
+    p.select = *select;
+    p.topk_width = select->topk;
+  }
+  const auto s = static_cast<cudaStream_t>(stream);
+  const std::int64_t num_requests = batch.seq_lens.shape[0];
+  const int dql = batch.decode_query_len;
+  const std::int64_t hkv = p.num_q_heads / p.group;
+  p.rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
+  p.rows.seq_lens_stride = batch.seq_lens.stride[0];
+  p.rows.num_requests = static_cast<std::int32_t>(num_requests);
+  p.rows.decode_query_len = dql;
+  const bool register_tiles = decode_register_tiles(kv.dtype, q.dtype);
+  p.splits = static_cast<std::int32_t>(
+      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width, register_tiles));
+  if (num_requests == 0) return;
+  const std::int64_t tile_rows =
+      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
+  const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
+                  static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
+  if (tile_rows == 1 && select) {
+    launch_attention<AttentionDecode1SelectTraits>(p, kv.dtype, q.dtype, grid, s);
+  } else if (tile_rows == 1) {
+    launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
+  } else {
+    FLASHMSA_CHECK_KIND(ErrorKind::kInternal, !select,
+                        "a decode selection made in the attention needs 1-row tiles");
+    launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
+  }
+}
+
 }  // namespace
 
 void sparse_attention_prefill(const Config& config, const TensorView& q, const KvCacheView& kv,
@@ -187,28 +228,35 @@ void dense_attention(const Config& config, const TensorView& q, const KvCacheVie
 void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv,
                              const DecodeBatch& batch, const TensorView& topk,
                              const AttentionOutputs& out, void* stream) {
-  AttentionParams p = common_params(config, q, kv, batch.block_table, &topk, out);
-  const auto s = static_cast<cudaStream_t>(stream);
+  run_decode(config, q, kv, batch, &topk, std::nullopt, out, stream);
+}
+
+void sparse_decode_step(const Config& config, const TensorView& index_q,
+                        const IndexCacheView& index_cache, const TensorView& q,
+                        const KvCacheView& kv, const DecodeBatch& batch,
+                        const IndexOutputs& index_out, const AttentionOutputs& out, void* stream) {
+  // The attention selects where its tiles hold one row, the row's keys fit the stages it lends
+  // (kAttentionSelectSmem) and its grid holds at most two CTAs an SM: the selection costs each
+  // CTA 3-8 us before its pages, which a grid of several waves pays once a wave where the top-k
+  // kernel pays it once (H200: fp8 64 x 32K dql 4, 1024 CTAs, 233 us against 231.7;
+  // fp8 128 x 128K, 512 CTAs, 590-650 against 590). The indexer then launches no top-k kernel.
   const std::int64_t num_requests = batch.seq_lens.shape[0];
-  const int dql = batch.decode_query_len;
-  const std::int64_t hkv = p.num_q_heads / p.group;
-  p.rows.seq_lens = batch.seq_lens.as<const std::int32_t>();
-  p.rows.seq_lens_stride = batch.seq_lens.stride[0];
-  p.rows.num_requests = static_cast<std::int32_t>(num_requests);
-  p.rows.decode_query_len = dql;
+  const std::int64_t dql = batch.decode_query_len;
+  const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
   const bool register_tiles = decode_register_tiles(kv.dtype, q.dtype);
-  p.splits = static_cast<std::int32_t>(
-      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width, register_tiles));
-  if (num_requests == 0) return;
-  const std::int64_t tile_rows =
-      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
-  const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
-                  static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
-  if (tile_rows == 1) {
-    launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
-  } else {
-    launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
-  }
+  const bool one_row =
+      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles) == 1;
+  const std::int64_t ctas = num_requests * dql * hkv *
+                            detail::attention_decode_splits(
+                                num_requests, dql, hkv, config.sparse_topk_blocks, register_tiles);
+  const bool one_wave = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
+  const bool fits = config.sparse_topk_blocks <= AttentionDecode1Traits::kMaxTopk &&
+                    topk_select_smem_bytes<AttentionDecode1Traits::kThreads>(
+                        static_cast<int>(batch.block_table.shape[1])) <= kAttentionSelectSmem;
+  const std::optional<IndexTopkParams> select = index_decode_run(
+      config, index_q, index_cache, batch, index_out, stream,
+      one_row && one_wave && fits ? DecodeSelection::kDeferred : DecodeSelection::kHere);
+  run_decode(config, q, kv, batch, select ? nullptr : &index_out.topk, select, out, stream);
 }
 
 }  // namespace flashmsa::cuda

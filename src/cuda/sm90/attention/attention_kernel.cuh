@@ -33,6 +33,7 @@
 #include "src/cuda/sm90/attention/attention_params.hpp"
 #include "src/cuda/sm90/attention/attention_traits.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
+#include "src/cuda/sm90/indexer/index_topk_select.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/cuda/sm90/register_keys.cuh"
@@ -57,6 +58,11 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   constexpr bool kRegisterV =
       kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
   static_assert(!kWarpRings || Traits::kWarpKeys == Traits::kChunkKeys);
+  static_assert(!Traits::kSelects ||
+                    (Traits::kRows == 1 && attention_smem_bytes<Traits, kFormat, Elem>() -
+                                                   attention_query_and_union_bytes<Traits>() >=
+                                               kAttentionSelectSmem),
+                "a selecting tile holds one row, and its stages its selection");
   using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
   using QkElem = std::conditional_t<kRegisterV, __half, Elem>;  // Q's (and K's) in Q K^T
   constexpr int kStageBytes =
@@ -123,7 +129,27 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     const std::int64_t pos = tile.position(i);
     return pos >= 0 && b >= 0 && b <= pos / 128 && page_of(b) >= 0 ? b : -1;
   };
-  if (p.topk == nullptr) {
+  if constexpr (Traits::kSelects) {
+    // The row's selection (ascending, distinct, visible), made here from the block scores; the
+    // union is its blocks with a page in the table. Keys and scratch use the stages (free until
+    // the ring; the host checked that they fit in kAttentionSelectSmem).
+    using Scan = cub::BlockScan<int, Traits::kThreads>;
+    auto* keys = reinterpret_cast<std::uint32_t*>(stages);
+    auto& scratch = *reinterpret_cast<TopkScratch<Traits::kThreads>*>(
+        stages + topk_keys_bytes(p.select.max_blocks));
+    const int k = select_and_write_topk_row<Traits::kThreads>(p.select, tile.row, kv_head, keys,
+                                                              scratch, split == 0);
+    const std::int64_t b = threadIdx.x < k ? scratch.selected[threadIdx.x] : -1;
+    const std::int64_t page = b >= 0 ? page_of(b) : -1;
+    int offset;
+    Scan(scratch.scan).ExclusiveSum(page >= 0 ? 1 : 0, offset, num_entries);
+    if (page >= 0) {
+      union_block[offset] = static_cast<std::int32_t>(b);
+      union_page[offset] = static_cast<std::int32_t>(page);
+      union_mask[offset] = 1u;
+    }
+    __syncthreads();
+  } else if (p.topk == nullptr) {
     num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
   } else {
     using Scan = cub::BlockScan<int, Traits::kThreads>;
@@ -168,10 +194,12 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   }
   phase_stamp(p.clock, 1);  // the union is built
   // Dense entries: the rows whose position reaches the block, if the table has its page.
-  auto entry_page = [&](int e) -> std::int64_t { return p.topk ? union_page[e] : page_of(e); };
-  auto entry_block = [&](int e) -> std::int64_t { return p.topk ? union_block[e] : e; };
+  // Listed (a selection, made or read) or dense; tested where used, as the schedules prefer.
+  auto listed = [&] { return Traits::kSelects || p.topk != nullptr; };
+  auto entry_page = [&](int e) -> std::int64_t { return listed() ? union_page[e] : page_of(e); };
+  auto entry_block = [&](int e) -> std::int64_t { return listed() ? union_block[e] : e; };
   auto entry_mask = [&](int e) -> std::uint32_t {
-    if (p.topk) return union_mask[e];
+    if (listed()) return union_mask[e];
     if (page_of(e) < 0) return 0;
     std::uint32_t m = 0;
     for (int i = 0; i < tile.rows; ++i)

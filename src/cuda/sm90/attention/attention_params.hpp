@@ -17,6 +17,7 @@
 #include "flashmsa/formats/block_scaled.hpp"
 #include "src/cuda/common/device_plane.hpp"
 #include "src/cuda/common/phase_clock.hpp"
+#include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/scheduler/row_map.hpp"
 
 namespace flashmsa::cuda {
@@ -54,8 +55,13 @@ struct AttentionParams {
   std::int64_t topk_stride[3] = {};
   std::int32_t topk_width = 0;
   std::int32_t splits = 1;  // grid.z and the cluster: each split takes a share of the pages
-  AttentionStore store;     // final outputs
-  PhaseClock clock;         // latency studies only (phase_clock.hpp)
+  // Traits::kSelects (decode 1-row tiles): each tile makes its row's selection itself from the
+  // indexer's block scores (select_topk_row, as index_topk_kernel makes it; split 0 writes the
+  // top-k list and the block scores): one launch and one programmatic wait fewer a step. topk is
+  // then unused.
+  IndexTopkParams select;
+  AttentionStore store;  // final outputs
+  PhaseClock clock;      // latency studies only (phase_clock.hpp)
 };
 
 }  // namespace flashmsa::cuda

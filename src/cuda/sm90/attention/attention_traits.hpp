@@ -11,12 +11,17 @@
 
 namespace flashmsa::cuda {
 
-template <int kRows_, int kKeySplit_, int kBf16Stages_, bool kClusterSplits_>
+template <int kRows_, int kKeySplit_, int kBf16Stages_, bool kClusterSplits_,
+          bool kSelects_ = false>
 struct AttentionTraits {
   static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
   static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
   // Whether a row tile's pages may be split over a cluster of CTAs that merge their rows (decode).
   static constexpr bool kClusterSplits = kClusterSplits_;
+  // Whether the tile selects its row's blocks itself from the indexer's block scores
+  // (AttentionParams::select) instead of reading a top-k list. A kernel of its own: the selection
+  // code inside the list-reading kernels measurably slowed their page loop (schedules differ).
+  static constexpr bool kSelects = kSelects_;
   // Ring stages for bf16 pages; smaller pages get more (attention_stages).
   static constexpr int kBf16Stages = kBf16Stages_;
   static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
@@ -34,9 +39,16 @@ using AttentionPrefillTraits = AttentionTraits<8, 1, 2, false>;
 // Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
 // holds the ring of 3 bf16 pages).
 using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
+// Decode, dql = 1, the decode step in one call (sparse_decode_step): the 1-row tile that makes
+// its row's selection before its pages.
+using AttentionDecode1SelectTraits = AttentionTraits<1, 8, 3, true, true>;
 // Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
+
+// The stage bytes a 1-row decode tile lends its own selection (AttentionDecode1SelectTraits)
+// before the ring starts: the row's keys (4 bytes a block) and the selection's scratch.
+inline constexpr int kAttentionSelectSmem = 64 * 1024;
 
 // Shared memory before the pages: the queries and the union lists.
 template <class Traits>

@@ -10,6 +10,7 @@
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/indexer/index_score_launch.hpp"
 #include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
+#include "src/cuda/sm90/indexer/indexer_host.hpp"
 #include "src/index_workspace.hpp"
 
 namespace flashmsa::cuda {
@@ -176,6 +177,14 @@ void index_decode(const Config& config, const TensorView& index_q, const IndexCa
 void index_decode_phases(const Config& config, const TensorView& index_q,
                          const IndexCacheView& cache, const DecodeBatch& batch,
                          const IndexOutputs& out, void* stream, bool select) {
+  index_decode_run(config, index_q, cache, batch, out, stream,
+                   select ? DecodeSelection::kHere : DecodeSelection::kNone);
+}
+
+std::optional<IndexTopkParams> index_decode_run(const Config& config, const TensorView& index_q,
+                                                const IndexCacheView& cache,
+                                                const DecodeBatch& batch, const IndexOutputs& out,
+                                                void* stream, DecodeSelection selection) {
   const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
   Launch l = common_setup(config, index_q, cache, batch.block_table, num_requests, out, stream);
   const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
@@ -190,6 +199,8 @@ void index_decode_phases(const Config& config, const TensorView& index_q,
   const std::int64_t vectors = std::int64_t{dql} * l.score.num_index_heads;
   const std::int64_t chunk_rows =
       l.layout.chunk_rows == num_rows ? num_rows : l.layout.chunk_rows / dql * dql;
+  // The attention selects only from scores of every row at once.
+  const bool defer = selection == DecodeSelection::kDeferred && chunk_rows >= num_rows;
   for (std::int64_t begin = 0; begin < num_rows; begin += chunk_rows) {
     const IndexChunk chunk{begin, std::min(num_rows, begin + chunk_rows)};
     l.score.chunk = l.topk.chunk = chunk;
@@ -217,8 +228,11 @@ void index_decode_phases(const Config& config, const TensorView& index_q,
         launch.template operator()<IndexScorePrefillTraits>();
       }
     }
-    if (select) launch_topk(l, hkv);
+    if (selection != DecodeSelection::kNone && !defer) launch_topk(l, hkv);
   }
+  if (!defer) return std::nullopt;
+  l.topk.chunk = IndexChunk{0, num_rows};
+  return l.topk;
 }
 
 }  // namespace flashmsa::cuda
