@@ -20,6 +20,10 @@ Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D
   insert_index_k(index_cache, index_k [T, Di], slot_mapping [T] int64)
   index_decode / sparse_attention_decode: the same for uniform decode rows (seq_lens [B],
                 block_table, decode_query_len); decode attention can emit MXFP8
+  sparse_decode_step(config, index_q, index_cache, q, kv_cache, seq_lens, block_table, out,
+                decode_query_len) -> topk: both decode ops in one call, the same outputs (CUDA:
+                no top-k launch where the attention can select; one workspace of
+                decode_workspace_bytes)
   produce_qkv_index: the fused norm / RoPE / cast / cache-insert producer
   pack_qkv_index_projection(config, tp_size, rank, q, k, v, index_q, index_k) -> (weight, scale):
                 the fused FP8 projection's packed weight of one rank (E4M3 codes + per-channel
@@ -58,6 +62,7 @@ from ._flashmsa import (  # noqa: F401
     PROJECTION_LAYOUT_VERSION,
     sparse_attention_decode,
     sparse_attention_prefill,
+    sparse_decode_step,
     version,
 )
 
@@ -84,6 +89,12 @@ dense_attention = _with_cuda_defaults(_C.dense_attention, ["config", "q"] + _PRE
                                       _attention_ws)
 sparse_attention_decode = _with_cuda_defaults(_C.sparse_attention_decode,
                                               ["config", "q"] + _DECODE, _attention_ws)
+sparse_decode_step = _with_cuda_defaults(
+    _C.sparse_decode_step,
+    ["config", "index_q", "index_cache", "q", "kv_cache", "seq_lens", "block_table", "out",
+     "decode_query_len"],
+    lambda a: _C.decode_workspace_bytes(a["config"], a["seq_lens"].shape[0],
+                                        a.get("decode_query_len", 1), a["block_table"].shape[1]))
 insert_kv = _with_cuda_defaults(_C.insert_kv, [])
 insert_index_k = _with_cuda_defaults(_C.insert_index_k, [])
 produce_qkv_index = _with_cuda_defaults(_C.produce_qkv_index, [])
@@ -102,7 +113,7 @@ __all__ = [
     "PROJECTION_LAYOUT_VERSION", "pack_qkv_index_projection", "produce_qkv_index",
     "project_qkv_index", "project_qkv_index_cpu", "projection_source",
     "projection_workspace_bytes", "sparse_attention_decode",
-    "sparse_attention_prefill", "version",
+    "sparse_attention_prefill", "sparse_decode_step", "version",
 ]
 
 try:  # torch custom ops (torch.ops.flashmsa.*), when torch is importable

@@ -354,6 +354,11 @@ def sparse_attention_decode(config: Config, q: Annotated[NDArray, dict(writable=
     Decode attention into out [T, Hq, D]; with mxfp8_scales, out is [T, Hq*D] E4M3 codes (uint8) and mxfp8_scales the E8M0 scales ([T, Hq*D/32] row-major, or the 128x4 swizzled buffer), bit-identical to quantizing the bf16 output.
     """
 
+def sparse_decode_step(config: Config, index_q: Annotated[NDArray, dict(writable=False)], index_cache: IndexCache, q: Annotated[NDArray, dict(writable=False)], kv_cache: KvCache, seq_lens: Annotated[NDArray, dict(writable=False)], block_table: Annotated[NDArray, dict(writable=False)], out: object, decode_query_len: int = 1, topk: object | None = None, block_scores: object | None = None, lse: object | None = None, mxfp8_scales: object | None = None, scale_layout: str = 'row_major', checked: bool = False, threads: int = 0, workspace: object | None = None, stream: int = 0) -> object:
+    """
+    One sparse layer's decode step in one call: index_decode, then sparse_attention_decode over the top-k lists it writes, bit for bit the same outputs (on CUDA the attention selects each row's blocks itself where it can: no top-k launch). Returns the top-k ids int32 [Hkv, T, topk] (written into `topk` when given); out, lse and mxfp8_scales as sparse_attention_decode. CUDA tensors also need one uint8 `workspace` of decode_workspace_bytes(...) bytes and the stream.
+    """
+
 def produce_qkv_index(config: Config, qkv_index: Annotated[NDArray, dict(writable=False)], q_norm_weight: Annotated[NDArray, dict(writable=False)], k_norm_weight: Annotated[NDArray, dict(writable=False)], index_q_norm_weight: Annotated[NDArray, dict(writable=False)], index_k_norm_weight: Annotated[NDArray, dict(writable=False)], positions: Annotated[NDArray, dict(writable=False)], slot_mapping: Annotated[NDArray, dict(writable=False)], kv_cache: KvCache, index_cache: IndexCache, q: object, index_q: object, index_slot_mapping: Annotated[NDArray, dict(writable=False)] | None = None, checked: bool = False, threads: int = 0, stream: int = 0) -> None:
     """
     The fused producer: qkv_index [T, Hq*D + 2*Hkv*D + Hidx*Di + Di] -> Gemma RMSNorm and partial NeoX RoPE -> q [T, Hq, D], index_q [T, Hidx, Di], k/v/index-k into the caches.

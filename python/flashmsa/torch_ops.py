@@ -217,6 +217,42 @@ def _(q, kv_cache, kv_cache_v, seq_lens, block_table, topk, out, lse, mxfp8_scal
     return None
 
 
+@torch.library.custom_op("flashmsa::sparse_decode_step",
+                         mutates_args=("out", "lse", "mxfp8_scales", "block_scores"))
+def sparse_decode_step(index_q: torch.Tensor, index_cache: torch.Tensor, q: torch.Tensor,
+                       kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
+                       seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor,
+                       lse: Optional[torch.Tensor], mxfp8_scales: Optional[torch.Tensor],
+                       block_scores: Optional[torch.Tensor], decode_query_len: int = 1,
+                       topk: int = 16, topk_order: str = "ascending", index_dtype: str = "bf16",
+                       index_scales: Optional[torch.Tensor] = None, kv_layout: str = "packed",
+                       kv_dtype: str = "bf16", k_scale: float = 1.0, v_scale: float = 1.0,
+                       scale_layout: str = "row_major", kv_scales: Optional[torch.Tensor] = None,
+                       kv_scales_v: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """One sparse layer's decode step: index_decode then sparse_attention_decode in one call,
+    with the same outputs bit for bit. Returns the top-k ids int32 [Hkv, T, topk]; out, lse and
+    mxfp8_scales as sparse_attention_decode, block_scores fp32 [Hkv, T, max_blocks] when given."""
+    kv = _kv_cache(kv_cache, kv_cache_v, kv_scales, kv_scales_v, kv_layout, kv_dtype, k_scale,
+                   v_scale)
+    c = _config(topk, topk_order, index_dtype, kv_dtype, q=q, kv=kv, index_q=index_q)
+    ids = torch.empty(_topk_shape(index_q, topk, None), dtype=torch.int32, device=index_q.device)
+    extra = _device_args(q, lambda: _C.decode_workspace_bytes(
+        c, seq_lens.shape[0], decode_query_len, block_table.shape[1]))
+    _C.sparse_decode_step(c, index_q, _index_cache(index_cache, index_dtype, index_scales), q, kv,
+                          seq_lens, block_table, out, decode_query_len=decode_query_len,
+                          topk=ids, block_scores=block_scores, lse=lse,
+                          mxfp8_scales=mxfp8_scales, scale_layout=scale_layout, **extra)
+    return ids
+
+
+@sparse_decode_step.register_fake
+def _(index_q, index_cache, q, kv_cache, kv_cache_v, seq_lens, block_table, out, lse,
+      mxfp8_scales, block_scores, decode_query_len=1, topk=16, topk_order="ascending",
+      index_dtype="bf16", index_scales=None, kv_layout="packed", kv_dtype="bf16", k_scale=1.0,
+      v_scale=1.0, scale_layout="row_major", kv_scales=None, kv_scales_v=None):
+    return index_q.new_empty(_topk_shape(index_q, topk, None), dtype=torch.int32)
+
+
 @torch.library.custom_op("flashmsa::dense_attention", mutates_args=("out", "lse"))
 def dense_attention(q: torch.Tensor, kv_cache: torch.Tensor, kv_cache_v: Optional[torch.Tensor],
                     cu_seqlens_q: torch.Tensor, seq_lens: torch.Tensor, block_table: torch.Tensor,

@@ -145,18 +145,39 @@ KvLayout parse_layout(const std::string& name) {
   value_error("layout must be one of packed, separate, stacked, token_major, got '" + name + "'");
 }
 
-// The top-k output: the caller's `out`, or a new int32 [hkv, rows, k] numpy array.
+// The top-k output: the caller's `out` (the argument `name`), or a new int32 [hkv, rows, k] numpy
+// array.
 std::pair<nb::object, TensorView> topk_output(nb::handle out, std::int64_t hkv, std::int64_t rows,
-                                              std::int64_t k) {
+                                              std::int64_t k, const char* name = "out") {
   if (!out.is_none()) {
-    const TensorView t = output_view(out, "out");
-    check_output_tensor(t, "out", DType::kInt32, t.device, {hkv, rows, k});  // named as passed
+    const TensorView t = output_view(out, name);
+    check_output_tensor(t, name, DType::kInt32, t.device, {hkv, rows, k});  // named as passed
     return {nb::borrow(out), t};
   }
   auto a = new_array<std::int32_t>(
       {static_cast<size_t>(hkv), static_cast<size_t>(rows), static_cast<size_t>(k)});
   const TensorView t = TensorView::contiguous(a.data(), DType::kInt32, {hkv, rows, k});
   return {nb::cast(a), t};
+}
+
+// The decode attention's outputs (sparse_attention_decode, sparse_decode_step): out, or with
+// mxfp8_scales its E4M3 codes and their scales in `scale_layout`; lse; the workspace.
+AttentionOutputs decode_attention_outputs(nb::handle out, nb::handle lse, nb::handle mxfp8_scales,
+                                          const std::string& scale_layout, nb::handle workspace) {
+  AttentionOutputs o;
+  o.out = output_view(out, "out");
+  if (!mxfp8_scales.is_none()) {
+    o.out = as_fp8(o.out);
+    o.mxfp8_scales = output_view(mxfp8_scales, "mxfp8_scales");
+    if (scale_layout == "swizzled") {
+      o.mxfp8_scale_layout = fmt::ScaleLayout::kSwizzled128x4;
+    } else if (scale_layout != "row_major") {
+      value_error("scale_layout must be 'row_major' or 'swizzled', got '" + scale_layout + "'");
+    }
+  }
+  o.lse = output_view(lse, "lse");
+  o.workspace = output_view(workspace, "workspace");
+  return o;
 }
 
 // A Python int that must fit a C++ int: nanobind's own conversion would only say the arguments
@@ -715,20 +736,8 @@ NB_MODULE(_flashmsa, m) {
          std::int64_t stream) {
         DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
                           int_arg(decode_query_len, "decode_query_len")};
-        AttentionOutputs o;
-        o.out = output_view(out, "out");
-        if (!mxfp8_scales.is_none()) {
-          o.out = as_fp8(o.out);
-          o.mxfp8_scales = output_view(mxfp8_scales, "mxfp8_scales");
-          if (scale_layout == "swizzled") {
-            o.mxfp8_scale_layout = fmt::ScaleLayout::kSwizzled128x4;
-          } else if (scale_layout != "row_major") {
-            value_error("scale_layout must be 'row_major' or 'swizzled', got '" + scale_layout +
-                        "'");
-          }
-        }
-        o.lse = output_view(lse, "lse");
-        o.workspace = output_view(workspace, "workspace");
+        const AttentionOutputs o =
+            decode_attention_outputs(out, lse, mxfp8_scales, scale_layout, workspace);
         const TensorView qv = view(q, "q"), tk = view(topk, "topk");
         const OpOptions options = op_options(checked, threads, stream);
         nb::gil_scoped_release release;
@@ -742,6 +751,47 @@ NB_MODULE(_flashmsa, m) {
       "Decode attention into out [T, Hq, D]; with mxfp8_scales, out is [T, Hq*D] E4M3 codes "
       "(uint8) and mxfp8_scales the E8M0 scales ([T, Hq*D/32] row-major, or the 128x4 swizzled "
       "buffer), bit-identical to quantizing the bf16 output.");
+
+  m.def(
+      "sparse_decode_step",
+      [](const Config& c, const AnyArray& index_q, const IndexCacheView& index_cache,
+         const AnyArray& q, const KvCacheView& cache, const AnyArray& seq_lens,
+         const AnyArray& block_table, nb::handle out, std::int64_t decode_query_len,
+         nb::handle topk, nb::handle block_scores, nb::handle lse, nb::handle mxfp8_scales,
+         const std::string& scale_layout, bool checked, std::int64_t threads, nb::handle workspace,
+         std::int64_t stream) -> nb::object {
+        const TensorView iq = c.indexer_kv_dtype == "fp8" ? as_fp8(view(index_q, "index_q"))
+                                                          : view(index_q, "index_q");
+        const std::int64_t hkv = c.resolve_heads().num_key_value_heads;
+        auto [result, topk_view] =
+            topk_output(topk, hkv, iq.shape[0], c.sparse_topk_blocks, "topk");
+        DecodeBatch batch{view(seq_lens, "seq_lens"), view(block_table, "block_table"),
+                          int_arg(decode_query_len, "decode_query_len")};
+        const AttentionOutputs o =
+            decode_attention_outputs(out, lse, mxfp8_scales, scale_layout, workspace);
+        const IndexOutputs index_outputs{topk_view, output_view(block_scores, "block_scores"),
+                                         o.workspace};
+        const TensorView qv = view(q, "q");
+        const OpOptions options = op_options(checked, threads, stream);
+        {
+          nb::gil_scoped_release release;
+          sparse_decode_step(c, iq, index_cache, qv, cache, batch, index_outputs, o, options);
+        }
+        return result;
+      },
+      nb::arg("config"), nb::arg("index_q"), nb::arg("index_cache"), nb::arg("q"),
+      nb::arg("kv_cache"), nb::arg("seq_lens"), nb::arg("block_table"), nb::arg("out"),
+      nb::arg("decode_query_len") = 1, nb::arg("topk") = nb::none(),
+      nb::arg("block_scores") = nb::none(), nb::arg("lse") = nb::none(),
+      nb::arg("mxfp8_scales") = nb::none(), nb::arg("scale_layout") = "row_major",
+      nb::arg("checked") = false, nb::arg("threads") = 0, nb::arg("workspace") = nb::none(),
+      nb::arg("stream") = 0,
+      "One sparse layer's decode step in one call: index_decode, then sparse_attention_decode "
+      "over the top-k lists it writes, bit for bit the same outputs (on CUDA the attention "
+      "selects each row's blocks itself where it can: no top-k launch). Returns the top-k ids "
+      "int32 [Hkv, T, topk] (written into `topk` when given); out, lse and mxfp8_scales as "
+      "sparse_attention_decode. CUDA tensors also need one uint8 `workspace` of "
+      "decode_workspace_bytes(...) bytes and the stream.");
 
   m.def(
       "produce_qkv_index",

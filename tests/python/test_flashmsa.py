@@ -180,6 +180,36 @@ def test_decode_with_padding_and_mxfp8_output():
     assert np.allclose(value[:2], ref[:2], rtol=2 ** -3, atol=2.0 ** -9 * np.abs(ref[:2]).max())
 
 
+
+def test_decode_step_equals_index_decode_then_attention():
+    config, cm, _, _, _, table, q, iq = make_batch([900, 130, 2000], [2, 2, 2], seed=4)
+    lens = np.asarray([900, 0, 2000], dtype=np.int32)  # request 1 becomes a padding row
+    for dql in (1, 2):
+        rows = 3 * dql
+        want_topk = flashmsa.index_decode(config, iq[:rows], cm.index_cache, lens, table,
+                                          decode_query_len=dql)
+        want_out = np.full((rows, HQ, D), 0xFFFF, dtype=np.uint16)
+        want_lse = np.full((rows, HQ), 777.0, dtype=np.float32)
+        flashmsa.sparse_attention_decode(config, q[:rows], cm.kv_cache, lens, table, want_topk,
+                                         want_out, decode_query_len=dql, lse=want_lse)
+        out = np.full_like(want_out, 0xFFFF)
+        lse = np.full_like(want_lse, 777.0)
+        scores = np.full((HKV, rows, table.shape[1]), 555.0, dtype=np.float32)
+        topk = flashmsa.sparse_decode_step(config, iq[:rows], cm.index_cache, q[:rows],
+                                           cm.kv_cache, lens, table, out, decode_query_len=dql,
+                                           block_scores=scores, lse=lse)
+        assert (topk == want_topk).all()
+        assert (out == want_out).all() and (lse == want_lse).all()
+        assert (scores != 555.0).all()  # every block score written (-inf past a row's blocks)
+        given = np.full_like(topk, -7)
+        assert flashmsa.sparse_decode_step(config, iq[:rows], cm.index_cache, q[:rows],
+                                           cm.kv_cache, lens, table, out, decode_query_len=dql,
+                                           topk=given) is not None
+        assert (given == want_topk).all()
+    with pytest.raises(ValueError, match="topk"):
+        flashmsa.sparse_decode_step(config, iq[:3], cm.index_cache, q[:3], cm.kv_cache, lens,
+                                    table, out[:3], topk=np.zeros((HKV, 3, 15), dtype=np.int32))
+
 def test_argument_errors_name_the_argument():
     config, cm, data, cu, lens, table, q, iq = make_batch([200], [3], seed=4)
     with pytest.raises(ValueError, match=r"topk must have dtype int32, got int64"):

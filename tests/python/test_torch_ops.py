@@ -529,3 +529,58 @@ def test_cuda_ops_with_rank_heads_and_nvfp4_caches_match_the_cpu(name):
     torch.testing.assert_close(got[lse], want[lse], rtol=0, atol=4e-5)  # as the decode test
     for g, w in zip(got[6:], want[6:]):  # insertion writes the same bytes on both backends
         assert torch.equal(g, w)
+
+
+
+def run_decode_step(kv, index, lens, table, q, iq, dql, rows):
+    """(top-k, out, lse, block scores) of sparse_decode_step, then (top-k, out, lse) of
+    index_decode and sparse_attention_decode on the same tensors, through the torch ops."""
+    out = torch.full_like(q[:rows], float("nan"))
+    lse = torch.full((rows, 64), 777.0, device=q.device)
+    scores = torch.full((4, rows, table.shape[1]), 555.0, device=q.device)
+    topk = torch.ops.flashmsa.sparse_decode_step(iq[:rows], index, q[:rows], kv, None, lens,
+                                                 table, out, lse, None, scores, dql)
+    two_out = torch.full_like(q[:rows], float("nan"))
+    two_lse = torch.full((rows, 64), 777.0, device=q.device)
+    two_topk = torch.ops.flashmsa.index_decode(iq[:rows], index, lens, table, dql)
+    torch.ops.flashmsa.sparse_attention_decode(q[:rows], kv, None, lens, table, two_topk, two_out,
+                                               two_lse, None, dql)
+    return (topk, out, lse, scores), (two_topk, two_out, two_lse)
+
+
+def test_decode_step_op_equals_the_two_ops():
+    kv, index, _, lens, table, q, iq = make_inputs(13)
+    for dql, rows in ((1, 2), (2, 4)):
+        (topk, out, lse, scores), two = run_decode_step(kv, index, lens, table, q, iq, dql, rows)
+        assert torch.equal(topk, two[0]) and torch.equal(out, two[1]) and torch.equal(lse, two[2])
+        assert not (scores == 555.0).any()  # every block score written (-inf past the row's)
+    # The direct call: the same, its top-k returned as a new array.
+    config = flashmsa.Config()
+    out = torch.empty_like(q[:2])
+    ids = flashmsa.sparse_decode_step(config, iq[:2], flashmsa.index_cache_view("bf16", index),
+                                      q[:2], flashmsa.kv_cache("packed", "bf16", kv), lens, table,
+                                      out)
+    (topk, want, _, _), _ = run_decode_step(kv, index, lens, table, q, iq, 1, 2)
+    assert (ids == topk.numpy()).all() and torch.equal(out, want)
+    with pytest.raises(ValueError, match="topk"):
+        flashmsa.sparse_decode_step(config, iq[:2], flashmsa.index_cache_view("bf16", index),
+                                    q[:2], flashmsa.kv_cache("packed", "bf16", kv), lens, table,
+                                    out, topk=torch.empty((4, 2, 15), dtype=torch.int32))
+    torch.library.opcheck(torch.ops.flashmsa.sparse_decode_step.default,
+                          (iq[:2], index, q[:2], kv, None, lens, table, out, None, None, None),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@requires_cuda
+def test_decode_step_op_on_cuda_equals_the_two_ops_and_the_cpu():
+    kv, index, _, lens, table, q, iq = make_inputs(14)
+    cpu = run_decode_step(kv, index, lens, table, q, iq, 1, 2)
+    for dql, rows in ((1, 2), (2, 4)):
+        args = (t.cuda() for t in (kv, index, lens, table, q, iq))
+        (topk, out, lse, scores), two = run_decode_step(*args, dql, rows)
+        # bit for bit the two calls' outputs (same selection, same union order)
+        assert torch.equal(topk, two[0]) and torch.equal(out, two[1]) and torch.equal(lse, two[2])
+        assert not (scores == 555.0).any()
+        if dql == 1:  # the CPU backend's selection exactly; its attention within tolerance
+            assert torch.equal(topk.cpu(), cpu[0][0])
+            assert_attention_close(out, cpu[0][1])
