@@ -153,9 +153,10 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
 // One sparse layer's decode step in one call: index_decode, then sparse_attention_decode over the
 // top-k lists it writes, with the same outputs, bit for bit. Both caches are addressed by the
 // batch's one block table; index_q and q hold the same rows. On the CUDA backend the attention
-// makes each row's selection itself where its tiles hold one row (no top-k launch between the
-// scoring and the attention); `index_outputs.workspace` and `outputs.workspace` may be one
-// buffer of decode_workspace_bytes(...). With `options.checked` it runs the two checked ops.
+// makes each row's selection itself where its tiles hold one row and its grid at most two CTAs an
+// SM (no top-k launch between the scoring and the attention; up to 66 requests at dql 1 on an
+// H200), and runs the two ops elsewhere; `index_outputs.workspace` and `outputs.workspace` may be
+// one buffer of decode_workspace_bytes(...). With `options.checked` it runs the two checked ops.
 void sparse_decode_step(const Config& config, const TensorView& index_q,
                         const IndexCacheView& index_cache, const TensorView& q,
                         const KvCacheView& kv_cache, const DecodeBatch& batch,

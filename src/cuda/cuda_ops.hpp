@@ -44,8 +44,8 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
                              const AttentionOutputs& out, void* stream);
 // The decode step of one sparse layer (flashmsa::sparse_decode_step): index_decode, then
 // sparse_attention_decode over its top-k, with the same outputs; where the attention's tiles hold
-// one row (and every row fits one scoring chunk) the attention makes each row's selection itself
-// and no top-k kernel runs.
+// one row, its grid at most two CTAs an SM and every row fits one scoring chunk, the attention
+// makes each row's selection itself and no top-k kernel runs.
 void sparse_decode_step(const Config& config, const TensorView& index_q,
                         const IndexCacheView& index_cache, const TensorView& q,
                         const KvCacheView& kv, const DecodeBatch& batch,
