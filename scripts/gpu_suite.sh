@@ -150,6 +150,9 @@ fi
 if [ $sanitize = 1 ]; then
   # Each tool over the whole GPU suite, split into SANITIZE_SHARDS gtest shards, all at once.
   sanitize_shards=${SANITIZE_SHARDS:-4}
+  # No more shards than tests: compute-sanitizer fails a process that never initialises CUDA.
+  tests=$(GTEST_FILTER="${SANITIZE_FILTER:-*}" "$gpu_tests" --gtest_list_tests | grep -c '^  ')
+  [ "$tests" -lt "$sanitize_shards" ] && sanitize_shards=$((tests > 0 ? tests : 1))
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
     # racecheck skips cuBLASLt's own GEMM kernels (nvjet_*, the projection's): it reported 3
     # hazards inside one of them on the H200 (session 8); ours are all checked.
