@@ -249,13 +249,13 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
   const std::int64_t ctas = num_requests * dql * hkv *
                             detail::attention_decode_splits(
                                 num_requests, dql, hkv, config.sparse_topk_blocks, register_tiles);
-  const bool one_wave = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
-  const bool fits = config.sparse_topk_blocks <= AttentionDecode1Traits::kMaxTopk &&
-                    topk_select_smem_bytes<AttentionDecode1Traits::kThreads>(
+  const bool two_ctas_an_sm = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
+  const bool fits = config.sparse_topk_blocks <= AttentionDecode1SelectTraits::kMaxTopk &&
+                    topk_select_smem_bytes<AttentionDecode1SelectTraits::kThreads>(
                         static_cast<int>(batch.block_table.shape[1])) <= kAttentionSelectSmem;
   const std::optional<IndexTopkParams> select = index_decode_run(
       config, index_q, index_cache, batch, index_out, stream,
-      one_row && one_wave && fits ? DecodeSelection::kDeferred : DecodeSelection::kHere);
+      one_row && two_ctas_an_sm && fits ? DecodeSelection::kDeferred : DecodeSelection::kHere);
   run_decode(config, q, kv, batch, select ? nullptr : &index_out.topk, select, out, stream);
 }
 
