@@ -686,8 +686,10 @@ DecodeTimes run_decode(const CacheKind& kind, std::int64_t requests, std::int64_
   const std::vector<Stat> steps = time_graph_sets({&graphs[0], &graphs[4]}, stream);
   t.step = steps[0];
   t.two_calls = steps[1];
-  if (g_step_study) g_step_study(graphs[0][0], stream, "step: ");
-  if (g_step_study) g_step_study(graphs[4][0], stream, "two calls: ");
+  if (g_step_study) {
+    g_step_study(graphs[0][0], stream, "step: ");
+    g_step_study(graphs[4][0], stream, "two calls: ");
+  }
   t.indexer = time_graphs(graphs[1], stream);
   t.attention = time_graphs(graphs[2], stream);
   t.score = time_graphs(graphs[3], stream);

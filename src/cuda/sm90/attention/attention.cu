@@ -173,6 +173,23 @@ bool decode_register_tiles(DType cache, DType q) {
   return quantized && q != DType::kFp16;
 }
 
+// A decode batch's grid: row tiles of `tile_rows` rows, one CTA per (request's tile, kv head,
+// split).
+struct DecodeGrid {
+  std::int64_t tile_rows, splits;
+  dim3 grid;
+};
+DecodeGrid decode_grid(std::int64_t num_requests, int dql, std::int64_t hkv,
+                       std::int64_t topk_width, bool register_tiles) {
+  const std::int64_t tile_rows =
+      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
+  const std::int64_t splits =
+      detail::attention_decode_splits(num_requests, dql, hkv, topk_width, register_tiles);
+  return {tile_rows, splits,
+          dim3(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
+               static_cast<unsigned>(hkv), static_cast<unsigned>(splits))};
+}
+
 // Decode over `topk`, or (select) over the selection each 1-row tile makes itself.
 void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv,
                 const DecodeBatch& batch, const TensorView* topk,
@@ -191,14 +208,10 @@ void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv
   p.rows.seq_lens_stride = batch.seq_lens.stride[0];
   p.rows.num_requests = static_cast<std::int32_t>(num_requests);
   p.rows.decode_query_len = dql;
-  const bool register_tiles = decode_register_tiles(kv.dtype, q.dtype);
-  p.splits = static_cast<std::int32_t>(
-      detail::attention_decode_splits(num_requests, dql, hkv, p.topk_width, register_tiles));
+  const auto [tile_rows, splits, grid] =
+      decode_grid(num_requests, dql, hkv, p.topk_width, decode_register_tiles(kv.dtype, q.dtype));
+  p.splits = static_cast<std::int32_t>(splits);
   if (num_requests == 0) return;
-  const std::int64_t tile_rows =
-      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
-  const dim3 grid(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
-                  static_cast<unsigned>(hkv), static_cast<unsigned>(p.splits));
   if (tile_rows == 1 && select) {
     launch_attention<AttentionDecode1SelectTraits>(p, kv.dtype, q.dtype, grid, s);
   } else if (tile_rows == 1) {
@@ -240,15 +253,11 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
   // CTA 3-8 us before its pages, which a grid of several waves pays once a wave where the top-k
   // kernel pays it once (H200: fp8 64 x 32K dql 4, 1024 CTAs, 233 us against 231.7;
   // fp8 128 x 128K, 512 CTAs, 590-650 against 590). The indexer then launches no top-k kernel.
-  const std::int64_t num_requests = batch.seq_lens.shape[0];
-  const std::int64_t dql = batch.decode_query_len;
-  const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
-  const bool register_tiles = decode_register_tiles(kv.dtype, q.dtype);
-  const bool one_row =
-      detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles) == 1;
-  const std::int64_t ctas = num_requests * dql * hkv *
-                            detail::attention_decode_splits(
-                                num_requests, dql, hkv, config.sparse_topk_blocks, register_tiles);
+  const DecodeGrid d = decode_grid(
+      batch.seq_lens.shape[0], batch.decode_query_len, config.resolve_heads().num_key_value_heads,
+      config.sparse_topk_blocks, decode_register_tiles(kv.dtype, q.dtype));
+  const bool one_row = d.tile_rows == 1;
+  const std::int64_t ctas = std::int64_t{d.grid.x} * d.grid.y * d.grid.z;
   const bool two_ctas_an_sm = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
   const bool fits = config.sparse_topk_blocks <= AttentionDecode1SelectTraits::kMaxTopk &&
                     topk_select_smem_bytes<AttentionDecode1SelectTraits::kThreads>(
