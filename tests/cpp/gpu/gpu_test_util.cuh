@@ -74,6 +74,20 @@ class CapturedGraph {
     FLASHMSA_CHECK_CUDA(cudaGraphLaunch(exec_, stream_));
     FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
+  // How many kernels one replay launches (which path an op took, seen from outside).
+  int kernel_nodes() const {
+    size_t n = 0;
+    FLASHMSA_CHECK_CUDA(cudaGraphGetNodes(graph_, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    FLASHMSA_CHECK_CUDA(cudaGraphGetNodes(graph_, nodes.data(), &n));
+    int kernels = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      FLASHMSA_CHECK_CUDA(cudaGraphNodeGetType(node, &type));
+      kernels += type == cudaGraphNodeTypeKernel;
+    }
+    return kernels;
+  }
 
  private:
   cudaStream_t stream_ = nullptr;

@@ -218,16 +218,19 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     int dql;
     std::vector<std::int64_t> lens;
     bool score_order;
+    bool attention_selects;  // else the step falls back to the two ops
   };
   const std::vector<std::int64_t> four = {3000, 700, 0, 40000};
   // More attention CTAs than two an SM (the top-k kernel selects): 280 > 2 x 132.
   std::vector<std::int64_t> seventy(70);
   for (std::size_t i = 0; i < seventy.size(); ++i) seventy[i] = 100 + 97 * i;
-  for (const Case& c : {Case{DType::kBf16, 1, four, false}, Case{DType::kBf16, 2, four, true},
-                        Case{DType::kFp8E4m3, 1, four, false},
-                        Case{DType::kFp8E4m3, 3, four, false}, Case{DType::kNvfp4, 1, four, true},
-                        Case{DType::kBf16, 4, {900, 0, 5000, 300, 2600, 128, 1, 7000, 40}, false},
-                        Case{DType::kFp8E4m3, 1, seventy, false}}) {
+  // bf16 dql 4 over 9 requests takes 4-row tiles (attention_decode_tile_rows): a fallback too.
+  for (const Case& c :
+       {Case{DType::kBf16, 1, four, false, true}, Case{DType::kBf16, 2, four, true, true},
+        Case{DType::kFp8E4m3, 1, four, false, true}, Case{DType::kFp8E4m3, 3, four, false, true},
+        Case{DType::kNvfp4, 1, four, true, true},
+        Case{DType::kBf16, 4, {900, 0, 5000, 300, 2600, 128, 1, 7000, 40}, false, false},
+        Case{DType::kFp8E4m3, 1, seventy, false, false}}) {
     SCOPED_TRACE(::testing::Message()
                  << to_string(c.kv) << ", dql " << c.dql << ", " << c.lens.size() << " requests");
     Config config;
@@ -284,9 +287,28 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out[0]);
     sparse_attention_decode(s.config, m.device(q), m.device(s.kv()), dev_batch, index_out[0].topk,
                             attention_out[0]);
-    sparse_decode_step(s.config, m.device(iq), m.device(s.cm->index_cache()), m.device(q),
-                       m.device(s.kv()), dev_batch, index_out[1], attention_out[1]);
+    auto step = [&](const OpOptions& options) {
+      sparse_decode_step(s.config, m.device(iq), m.device(s.cm->index_cache()), m.device(q),
+                         m.device(s.kv()), dev_batch, index_out[1], attention_out[1], options);
+    };
+    step({});
     FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+    // Which path the step took: captured (not run), it launches one kernel fewer than the two ops
+    // where the attention selects (no top-k kernel), as many where it falls back.
+    const test::CapturedGraph two_ops([&](cudaStream_t stream) {
+      OpOptions options;
+      options.stream = stream;
+      index_decode(s.config, m.device(iq), m.device(s.cm->index_cache()), dev_batch, index_out[0],
+                   options);
+      sparse_attention_decode(s.config, m.device(q), m.device(s.kv()), dev_batch, index_out[0].topk,
+                              attention_out[0], options);
+    });
+    const test::CapturedGraph one_step([&](cudaStream_t stream) {
+      OpOptions options;
+      options.stream = stream;
+      step(options);
+    });
+    EXPECT_EQ(one_step.kernel_nodes(), two_ops.kernel_nodes() - (c.attention_selects ? 1 : 0));
     m.download();
     EXPECT_EQ(topk[1], topk[0]);
     EXPECT_EQ(0, std::memcmp(scores[1].data(), scores[0].data(), scores[0].size() * 4));
