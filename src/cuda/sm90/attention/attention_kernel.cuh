@@ -137,8 +137,14 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     auto* keys = reinterpret_cast<std::uint32_t*>(stages);
     auto& scratch = *reinterpret_cast<TopkScratch<Traits::kThreads>*>(
         stages + topk_keys_bytes(p.select.max_blocks));
-    const int k = select_and_write_topk_row<Traits::kThreads>(p.select, tile.row, kv_head, keys,
-                                                              scratch, split == 0);
+    int k;
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      k = select_and_write_topk_row<Traits::kThreads>(p.select, tile.row, kv_head, keys, scratch,
+                                                      split == 0);
+    } else {
+      k = select_and_write_topk_row_inline<Traits::kThreads>(p.select, tile.row, kv_head, keys,
+                                                             scratch, split == 0);
+    }
     const std::int64_t b = threadIdx.x < k ? scratch.selected[threadIdx.x] : -1;
     const std::int64_t page = b >= 0 ? page_of(b) : -1;
     int offset;

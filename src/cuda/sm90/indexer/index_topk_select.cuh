@@ -85,18 +85,24 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
   __syncthreads();
 
   if (nvb <= kIndexTopkThreads) {
-    // Few blocks (contexts up to 16K; measured faster than the passes only that far): a thread per
-    // block counts the blocks that rank before it (key desc, id asc) and keeps its block if fewer
-    // than k do; one scan places the kept ids in ascending order. The same set as the radix select
-    // below, without its passes.
-    const int b = threadIdx.x;
-    bool take = false;
-    if (b < nvb) {
+    // Few blocks (contexts up to 16K; measured faster than the passes only that far): `parts`
+    // consecutive threads a block (as many as the CTA has to spare, up to 8) count the blocks
+    // that rank before it (key desc, id asc), each over a share of them, and keep it if fewer
+    // than k do; one scan places the kept ids in ascending order. The same set as the radix
+    // select below, without its passes.
+    const int parts = nvb == 0 ? 1 : min(8, 1 << (31 - __clz(kThreads / nvb)));
+    const int b = static_cast<int>(threadIdx.x) / parts,
+              part = static_cast<int>(threadIdx.x) % parts;
+    const bool live = b < nvb;
+    int rank = 0;
+    if (live) {
       const std::uint32_t key = keys[b];
-      int rank = 0;
-      for (int o = 0; o < nvb; ++o) rank += keys[o] > key || (keys[o] == key && o < b);
-      take = rank < k;
+      const int share = (nvb + parts - 1) / parts;
+      const int end = min(nvb, (part + 1) * share);
+      for (int o = part * share; o < end; ++o) rank += keys[o] > key || (keys[o] == key && o < b);
     }
+    for (int lane = 1; lane < parts; lane <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, lane);
+    const bool take = live && part == 0 && rank < k;
     int position;
     Scan(s.scan).ExclusiveSum(static_cast<int>(take), position);
     if (take) s.selected[position] = b;
@@ -213,15 +219,27 @@ __device__ void write_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
   }
 }
 
-// select_topk_row and, with `write`, write_topk_row, as a call of its own: the decode attention's
-// selection (AttentionTraits::kSelects), kept out of the register allocation of its page loop.
+// select_topk_row and, with `write`, write_topk_row: the decode attention's selection
+// (AttentionTraits::kSelects), inlined into its kernel.
+template <int kThreads>
+__device__ __forceinline__ int select_and_write_topk_row_inline(const IndexTopkParams& p,
+                                                                std::int64_t t, int kv_head,
+                                                                std::uint32_t* keys,
+                                                                TopkScratch<kThreads>& s,
+                                                                bool write) {
+  const int k = select_topk_row<kThreads>(p, t, kv_head, keys, s, write);
+  if (write) write_topk_row<kThreads>(p, t, kv_head, k, keys, s);
+  return k;
+}
+
+// The same as a call of its own, kept out of the register allocation of the kernel's page loop
+// (the NVFP4 kernel spills with it inlined); it reads its parameters through a generic pointer
+// to the kernel's parameter space.
 template <int kThreads>
 __device__ __noinline__ int select_and_write_topk_row(const IndexTopkParams& p, std::int64_t t,
                                                       int kv_head, std::uint32_t* keys,
                                                       TopkScratch<kThreads>& s, bool write) {
-  const int k = select_topk_row<kThreads>(p, t, kv_head, keys, s, write);
-  if (write) write_topk_row<kThreads>(p, t, kv_head, k, keys, s);
-  return k;
+  return select_and_write_topk_row_inline<kThreads>(p, t, kv_head, keys, s, write);
 }
 
 }  // namespace flashmsa::cuda
