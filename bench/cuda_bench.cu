@@ -79,19 +79,29 @@ Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
 }
 
 // Per-step times of several graph sets, each replayed round-robin (page sets rotated beyond the
-// L2): `steps` replays back to back per timing (default: at least 20; 1: each replay alone, as
-// time_it times the ceilings), the sets' timings interleaved (a set timed first would otherwise
-// pay for clocks still rising: measured 3 us of a 20 us step), 3 warm-up rounds, median of 10.
+// L2): `steps` replays back to back per timing (default: whole rotations of the set, at least 20
+// replays and, after the first warm-up round has measured the step, at least kMinTimingSeconds:
+// 20 replays of a 20 us step are a 0.4 ms timing, which one hiccup of the host or the clocks
+// moves by 8%: seen as a cv of 0.08 at bf16 1 x 8K in one grid run and 0.003 in the next; 1: each
+// replay alone, as time_it times the ceilings), the sets' timings interleaved (a set timed first
+// would otherwise pay for clocks still rising: measured 3 us of a 20 us step), 3 warm-up rounds,
+// median of 10.
 std::vector<Stat> time_graph_sets(const std::vector<const std::vector<cudaGraphExec_t>*>& sets,
                                   cudaStream_t stream, int steps = 0) {
+  constexpr double kMinTimingSeconds = 2e-3;
   cudaEvent_t a, z;
   FLASHMSA_CHECK_CUDA(cudaEventCreate(&a));
   FLASHMSA_CHECK_CUDA(cudaEventCreate(&z));
   std::vector<std::vector<double>> t(sets.size());
+  std::vector<int> replays(sets.size());
+  for (std::size_t k = 0; k < sets.size(); ++k) {
+    const int size = static_cast<int>(sets[k]->size());
+    replays[k] = steps ? steps : (std::max(size, 20) + size - 1) / size * size;
+  }
   for (int rep = 0; rep < 13; ++rep) {
     for (std::size_t k = 0; k < sets.size(); ++k) {
       const std::vector<cudaGraphExec_t>& graphs = *sets[k];
-      const int n = steps ? steps : static_cast<int>(std::max<std::size_t>(graphs.size(), 20));
+      const int n = replays[k];
       FLASHMSA_CHECK_CUDA(cudaEventRecord(a, stream));
       for (int i = 0; i < n; ++i)
         FLASHMSA_CHECK_CUDA(cudaGraphLaunch(graphs[i % graphs.size()], stream));
@@ -99,7 +109,13 @@ std::vector<Stat> time_graph_sets(const std::vector<const std::vector<cudaGraphE
       FLASHMSA_CHECK_CUDA(cudaEventSynchronize(z));
       float ms;
       FLASHMSA_CHECK_CUDA(cudaEventElapsedTime(&ms, a, z));
-      if (rep >= 3) t[k].push_back(ms * 1e-3 / n);
+      const double per_step = ms * 1e-3 / n;
+      if (rep >= 3) t[k].push_back(per_step);
+      if (rep == 0 && !steps && n * per_step < kMinTimingSeconds) {
+        const int size = static_cast<int>(graphs.size());
+        const int rotations = static_cast<int>(std::ceil(kMinTimingSeconds / (per_step * size)));
+        replays[k] = std::max(n, rotations * size);
+      }
     }
   }
   cudaEventDestroy(a);

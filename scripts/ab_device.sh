@@ -80,6 +80,8 @@ bench)
   shift
   points=()
   for p in ${POINTS:-}; do points+=(--grid-point "$p"); done
+  # A machine may keep an earlier session's logs: the summary reads every round of a name.
+  for v in "$@"; do rm -f "$logs/grid_${v}"_* "$logs/phases_${v}"_*; done
   for ((r = 0; r < rounds; ++r)); do
     for v in "$@"; do
       "build-gpu/ab/bench_$v" --filter "decode grid" "${points[@]}" --json "$logs/grid_${v}_$r.json" \
