@@ -492,7 +492,8 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
                         const IndexOutputs& index_outputs, const AttentionOutputs& outputs,
                         const OpOptions& options) {
   FLASHMSA_CHECK_ARG(index_cache.device == kv_cache.device,
-                     "index_cache and kv_cache must be on the same device");
+                     "index_cache and kv_cache must be on the same device, got ",
+                     to_string(index_cache.device), " and ", to_string(kv_cache.device));
   if (kv_cache.device != Device::kCuda || options.checked) {
     index_decode(config, index_q, index_cache, batch, index_outputs, options);
     sparse_attention_decode(config, q, kv_cache, batch, index_outputs.topk, outputs, options);

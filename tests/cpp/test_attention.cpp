@@ -186,7 +186,7 @@ TEST(Attention, DecodeStepEqualsIndexerThenAttention) {
                   IndexOutputs{TensorView::contiguous(topk.data(), DType::kInt32, {4, 1, 16})},
                   AttentionOutputs{TensorView::contiguous(out.data(), DType::kBf16, {1, 64, 128})});
             }),
-            "index_cache and kv_cache must be on the same device");
+            "index_cache and kv_cache must be on the same device, got cuda and cpu");
 }
 
 }  // namespace

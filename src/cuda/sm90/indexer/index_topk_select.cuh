@@ -8,7 +8,7 @@
 // blocks matching T to take; ties go to the smaller block id, so the selected set is exactly the
 // CPU backend's. Block scans then place the ids in ascending order, and the
 // score order (at most 64 ids) is a rank sort. Rows of at most 128 blocks (contexts up to 16K)
-// skip the radix passes: each block's rank is counted directly.
+// skip the radix passes: each block's rank is counted directly, by up to 8 threads.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
