@@ -7,6 +7,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 
 #include "src/index_workspace.hpp"
@@ -21,8 +22,7 @@ inline constexpr std::int64_t kAttentionDecodeTargetCtas = 132;
 // size (one decode CTA per SM: a cluster of 8 fits in any of the H100 / H200's GPCs).
 inline constexpr std::int64_t kAttentionDecodeMaxSplits = 8;
 // CTAs an SM of the register-tile decode kernels (attention_warp_rings in attention_traits.hpp:
-// <= 128 registers a thread and half the shared memory each), whose splits fill a wave of
-// kAttentionRegisterTileCtasPerSm x kAttentionDecodeTargetCtas.
+// <= 128 registers a thread and half the shared memory each).
 inline constexpr std::int64_t kAttentionRegisterTileCtasPerSm = 2;
 
 // How a decode batch's rows are tiled: `register_tiles` is true for the caches whose 1-row tiles
@@ -42,21 +42,31 @@ constexpr std::int64_t attention_decode_tile_rows(std::int64_t num_requests,
   return four_row_tiles * kAttentionDecodeMaxSplits >= kAttentionDecodeTargetCtas ? 4 : 1;
 }
 
-// Splits of each (request, row tile, kv head)'s selected pages: enough CTAs to fill the GPU,
-// at most one split per page a tile can select and at most a cluster's worth. Register tiles
-// (two CTAs an SM) take as many splits as keep the grid within one wave of 2 x 132 CTAs.
+// Thread-block clusters of each size (1..kAttentionDecodeMaxSplits CTAs) a decode kernel runs at
+// once on the device: the CUDA occupancy calculator's answer for the kernel (its CTAs an SM, and
+// how the SMs group into GPCs, which a cluster may not straddle). Far fewer than SMs / size: on
+// the H200 (132 SMs) a one-CTA-an-SM kernel runs 132, 66, 39, 30, 22, 17, 15, 15 clusters of
+// 1..8 CTAs, a two-CTAs-an-SM kernel 264, 132, 79, 62, 47, 39, 32, 30.
+using DecodeClusterWave = std::array<std::int64_t, kAttentionDecodeMaxSplits + 1>;  // [size]
+
+// Splits of each (request, row tile, kv head)'s selected pages, which run as one cluster: the
+// most (at most one per page a tile can select, at most kAttentionDecodeMaxSplits) whose clusters
+// all run at once (`wave`); one split where even clusters of two would not. A second wave of
+// clusters costs nearly a whole CTA's time again: a CTA pays a fixed cost (union, first page,
+// epilogue, merge) besides its pages (H200: fp8 8 x 32K had 32 clusters of 8 where 30 run at once).
 constexpr std::int64_t attention_decode_splits(std::int64_t num_requests,
                                                std::int64_t decode_query_len, std::int64_t kv_heads,
-                                               std::int64_t topk_width, bool register_tiles) {
+                                               std::int64_t topk_width, bool register_tiles,
+                                               const DecodeClusterWave& wave) {
   const std::int64_t rows =
       attention_decode_tile_rows(num_requests, decode_query_len, kv_heads, register_tiles);
-  const std::int64_t tiles = (decode_query_len + rows - 1) / rows;
-  const std::int64_t ctas = std::max<std::int64_t>(1, num_requests * tiles * kv_heads);
-  const std::int64_t want =
-      register_tiles ? kAttentionRegisterTileCtasPerSm * kAttentionDecodeTargetCtas / ctas
-                     : (kAttentionDecodeTargetCtas + ctas - 1) / ctas;
-  return std::clamp<std::int64_t>(
-      want, 1, std::clamp<std::int64_t>(rows * topk_width, 1, kAttentionDecodeMaxSplits));
+  const std::int64_t tiles = num_requests * ((decode_query_len + rows - 1) / rows) * kv_heads;
+  const std::int64_t most =
+      std::clamp<std::int64_t>(rows * topk_width, 1, kAttentionDecodeMaxSplits);
+  for (std::int64_t splits = most; splits > 1; --splits) {
+    if (tiles <= wave[static_cast<std::size_t>(splits)]) return splits;
+  }
+  return 1;
 }
 
 struct AttentionWorkspaceLayout {

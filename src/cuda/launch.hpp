@@ -98,6 +98,36 @@ int ctas_per_sm(void (*kernel)(Params...), int threads, int smem) {
   return ctas;
 }
 
+// Clusters of `size` CTAs of `kernel` (block threads, dynamic shared memory) the device runs at
+// once: the occupancy calculator's answer, which knows how the SMs group into GPCs (a cluster
+// never straddles two). Clusters along z, as launch_dependent_cluster_kernel's callers form them.
+template <class... Params>
+int clusters_at_once(void (*kernel)(Params...), int threads, int smem, int size) {
+  if (smem > 0) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = static_cast<unsigned>(size);
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(1, 1, static_cast<unsigned>(size));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<std::size_t>(smem);
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  // A host-side query, safe whatever capture the thread is in (the first decode launch on a
+  // device may be inside a caller's graph capture in global mode).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  FLASHMSA_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  int clusters = 0;
+  const cudaError_t status = cudaOccupancyMaxActiveClusters(&clusters, kernel, &config);
+  FLASHMSA_CHECK_CUDA(cudaThreadExchangeStreamCaptureMode(&mode));
+  FLASHMSA_CHECK_CUDA(status);
+  return clusters;
+}
+
 // The current device's SM count.
 inline int sm_count() {
   int device = 0, sms = 0;

@@ -75,34 +75,48 @@ TEST(Attention, DecodeWorkspaceSizedByCapacityServesEverySmallerBatch) {
   }
 }
 
-// Splits of a decode row tile: enough CTAs for one wave, never more than a cluster (8) nor more
-// than the pages the tile can select.
-TEST(Attention, DecodeSplitsFitOneCluster) {
-  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 16, false), 8);   // wants 33
-  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16, false), 5);   // 32 CTAs: 5 x 32 >= 132
-  EXPECT_EQ(detail::attention_decode_splits(1, 1, 4, 3, false), 3);    // 3 pages at most
-  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16, false), 1);  // 256 CTAs: the GPU is full
+// Splits of a decode row tile: the most whose clusters all run at once (the H200's cluster waves,
+// measured with cudaOccupancyMaxActiveClusters), never more than a cluster (8) nor more than the
+// pages the tile can select.
+TEST(Attention, DecodeSplitsFillOneWaveOfClusters) {
+  constexpr detail::DecodeClusterWave one_an_sm = {0, 132, 66, 39, 30, 22, 17, 15, 15};
+  constexpr detail::DecodeClusterWave two_an_sm = {0, 264, 132, 79, 62, 47, 39, 32, 30};
+  auto splits = [&](std::int64_t b, std::int64_t dql, std::int64_t width, bool register_tiles) {
+    return detail::attention_decode_splits(b, dql, 4, width, register_tiles,
+                                           register_tiles ? two_an_sm : one_an_sm);
+  };
+  EXPECT_EQ(splits(1, 1, 16, false), 8);   // 4 tiles: 15 clusters of 8 at once
+  EXPECT_EQ(splits(1, 1, 3, false), 3);    // 3 pages at most
+  EXPECT_EQ(splits(8, 1, 16, false), 3);   // 32 tiles: 39 clusters of 3, 30 of 4
+  EXPECT_EQ(splits(16, 1, 16, false), 2);  // 64 tiles: 66 clusters of 2
+  EXPECT_EQ(splits(32, 1, 16, false), 1);  // 128 tiles: not 2 waves of 8 pages
+  EXPECT_EQ(splits(64, 1, 16, false), 1);  // 256 tiles: the GPU is full
   // Speculative rows: 1-row tiles while 4-row tiles could not fill the GPU within 8 splits.
   EXPECT_EQ(detail::attention_decode_tile_rows(1, 4, 4, false), 1);
-  EXPECT_EQ(detail::attention_decode_splits(1, 4, 4, 16, false), 8);  // 16 tiles want 9
+  EXPECT_EQ(splits(1, 4, 16, false), 6);  // 16 tiles: 15 clusters of 7 or 8, 17 of 6
   EXPECT_EQ(detail::attention_decode_tile_rows(8, 4, 4, false), 4);
-  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16, false), 5);  // 32 tiles
+  EXPECT_EQ(splits(8, 4, 16, false), 3);  // 32 tiles
   EXPECT_EQ(detail::attention_decode_tile_rows(64, 1, 4, false), 1);
-  // Register tiles (two CTAs an SM): 1-row tiles at every query length, one wave of 264 CTAs.
+  // Register tiles (two CTAs an SM): 1-row tiles at every query length.
   EXPECT_EQ(detail::attention_decode_tile_rows(64, 4, 4, true), 1);
-  EXPECT_EQ(detail::attention_decode_splits(8, 1, 4, 16, true), 8);   // 32 tiles x 8 = 256
-  EXPECT_EQ(detail::attention_decode_splits(32, 1, 4, 16, true), 2);  // 128 tiles x 2 = 256
-  EXPECT_EQ(detail::attention_decode_splits(64, 1, 4, 16, true), 1);  // 256 tiles
-  EXPECT_EQ(detail::attention_decode_splits(8, 4, 4, 16, true), 2);   // 128 tiles
+  EXPECT_EQ(splits(8, 1, 16, true), 7);   // 32 tiles: 32 clusters of 7, 30 of 8
+  EXPECT_EQ(splits(16, 1, 16, true), 3);  // 64 tiles: 79 clusters of 3, 62 of 4
+  EXPECT_EQ(splits(32, 1, 16, true), 2);  // 128 tiles: 132 clusters of 2
+  EXPECT_EQ(splits(64, 1, 16, true), 1);  // 256 tiles
+  EXPECT_EQ(splits(8, 4, 16, true), 2);   // 128 tiles
   for (const bool register_tiles : {false, true}) {
+    const detail::DecodeClusterWave& wave = register_tiles ? two_an_sm : one_an_sm;
     for (std::int64_t b = 1; b <= 300; ++b) {
       for (std::int64_t dql = 1; dql <= 16; ++dql) {
-        const std::int64_t s = detail::attention_decode_splits(b, dql, 4, 16, register_tiles);
+        const std::int64_t s = splits(b, dql, 16, register_tiles);
+        const std::int64_t rows = detail::attention_decode_tile_rows(b, dql, 4, register_tiles);
+        const std::int64_t tiles = b * ((dql + rows - 1) / rows) * 4;
         EXPECT_GE(s, 1);
         EXPECT_LE(s, detail::kAttentionDecodeMaxSplits);
-        if (register_tiles) {  // never past one wave, unless one split is already past it
-          EXPECT_TRUE(s == 1 || s * b * dql * 4 <= detail::kAttentionRegisterTileCtasPerSm *
-                                                       detail::kAttentionDecodeTargetCtas);
+        // One wave of clusters, unless there are no clusters; no more splits would fit.
+        EXPECT_TRUE(s == 1 || tiles <= wave[s]) << b << " " << dql << " " << register_tiles;
+        if (s < detail::kAttentionDecodeMaxSplits) {
+          EXPECT_GT(tiles, wave[s + 1]) << b << " " << dql << " " << register_tiles;
         }
       }
     }

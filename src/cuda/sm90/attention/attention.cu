@@ -3,7 +3,10 @@
 // clusters). No host synchronisation and no allocation: decode can be captured in a graph.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <optional>
+#include <tuple>
 
 #include "flashmsa/error.hpp"
 #include "src/attention_workspace.hpp"
@@ -173,18 +176,51 @@ bool decode_register_tiles(DType cache, DType q) {
   return quantized && q != DType::kFp16;
 }
 
+// DecodeClusterWave of the traits' kernel for the cache and q dtypes on the current device (asked
+// once per device: the occupancy calculator is a driver call).
+template <class Traits>
+const detail::DecodeClusterWave& decode_cluster_wave(DType cache, DType q) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int, DType, DType>, detail::DecodeClusterWave> known;
+  int device = 0;
+  FLASHMSA_CHECK_CUDA(cudaGetDevice(&device));
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto [it, inserted] = known.try_emplace({device, cache, q});
+  if (inserted) {
+    try {
+      with_attention_kernel<Traits, void>(
+          cache, q, [&]<KvFormat kFormat, class Elem, class QElem>() {
+            for (std::size_t size = 1; size < it->second.size(); ++size) {
+              it->second[size] = attention_kernel_clusters_at_once<Traits, kFormat, Elem, QElem>(
+                  static_cast<int>(size));
+            }
+          });
+    } catch (...) {
+      known.erase(it);
+      throw;
+    }
+  }
+  return it->second;
+}
+
 // A decode batch's grid: row tiles of `tile_rows` rows, one CTA per (request's tile, kv head,
-// split).
+// split); the splits from the cluster wave of the kernel that runs it (`selects`: the 1-row tile
+// that makes its own selection).
 struct DecodeGrid {
   std::int64_t tile_rows, splits;
   dim3 grid;
 };
 DecodeGrid decode_grid(std::int64_t num_requests, int dql, std::int64_t hkv,
-                       std::int64_t topk_width, bool register_tiles) {
+                       std::int64_t topk_width, DType cache, DType q, bool selects) {
+  const bool register_tiles = decode_register_tiles(cache, q);
   const std::int64_t tile_rows =
       detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
+  const detail::DecodeClusterWave& wave =
+      tile_rows > 1 ? decode_cluster_wave<AttentionDecodeSpecTraits>(cache, q)
+      : selects     ? decode_cluster_wave<AttentionDecode1SelectTraits>(cache, q)
+                    : decode_cluster_wave<AttentionDecode1Traits>(cache, q);
   const std::int64_t splits =
-      detail::attention_decode_splits(num_requests, dql, hkv, topk_width, register_tiles);
+      detail::attention_decode_splits(num_requests, dql, hkv, topk_width, register_tiles, wave);
   return {tile_rows, splits,
           dim3(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
                static_cast<unsigned>(hkv), static_cast<unsigned>(splits))};
@@ -208,10 +244,10 @@ void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv
   p.rows.seq_lens_stride = batch.seq_lens.stride[0];
   p.rows.num_requests = static_cast<std::int32_t>(num_requests);
   p.rows.decode_query_len = dql;
-  const auto [tile_rows, splits, grid] =
-      decode_grid(num_requests, dql, hkv, p.topk_width, decode_register_tiles(kv.dtype, q.dtype));
-  p.splits = static_cast<std::int32_t>(splits);
   if (num_requests == 0) return;
+  const auto [tile_rows, splits, grid] =
+      decode_grid(num_requests, dql, hkv, p.topk_width, kv.dtype, q.dtype, select.has_value());
+  p.splits = static_cast<std::int32_t>(splits);
   if (tile_rows == 1 && select) {
     launch_attention<AttentionDecode1SelectTraits>(p, kv.dtype, q.dtype, grid, s);
   } else if (tile_rows == 1) {
@@ -253,18 +289,21 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
   // CTA 3-8 us before its pages, which a grid of several waves pays once a wave where the top-k
   // kernel pays it once (H200: fp8 64 x 32K dql 4, 1024 CTAs, 233 us against 231.7;
   // fp8 128 x 128K, 512 CTAs, 590-650 against 590). The indexer then launches no top-k kernel.
-  const DecodeGrid d = decode_grid(
-      batch.seq_lens.shape[0], batch.decode_query_len, config.resolve_heads().num_key_value_heads,
-      config.sparse_topk_blocks, decode_register_tiles(kv.dtype, q.dtype));
+  // A build that left the selecting kernel out (FLASHMSA_SM90_KERNELS) runs the two ops.
+  const bool compiled = attention_compiled<AttentionDecode1SelectTraits>(kv.dtype, q.dtype);
+  const DecodeGrid d = decode_grid(batch.seq_lens.shape[0], batch.decode_query_len,
+                                   config.resolve_heads().num_key_value_heads,
+                                   config.sparse_topk_blocks, kv.dtype, q.dtype, compiled);
   const bool one_row = d.tile_rows == 1;
   const std::int64_t ctas = std::int64_t{d.grid.x} * d.grid.y * d.grid.z;
   const bool two_ctas_an_sm = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
   const bool fits = config.sparse_topk_blocks <= AttentionDecode1SelectTraits::kMaxTopk &&
                     topk_select_smem_bytes<AttentionDecode1SelectTraits::kThreads>(
                         static_cast<int>(batch.block_table.shape[1])) <= kAttentionSelectSmem;
-  const std::optional<IndexTopkParams> select = index_decode_run(
-      config, index_q, index_cache, batch, index_out, stream,
-      one_row && two_ctas_an_sm && fits ? DecodeSelection::kDeferred : DecodeSelection::kHere);
+  const std::optional<IndexTopkParams> select =
+      index_decode_run(config, index_q, index_cache, batch, index_out, stream,
+                       compiled && one_row && two_ctas_an_sm && fits ? DecodeSelection::kDeferred
+                                                                     : DecodeSelection::kHere);
   run_decode(config, q, kv, batch, select ? nullptr : &index_out.topk, select, out, stream);
 }
 

@@ -597,4 +597,12 @@ void launch_attention_kernel(const AttentionParams& p, dim3 grid, cudaStream_t s
                                   attention_smem_bytes<Traits, kFormat, Elem>(), stream, p);
 }
 
+// Clusters of `size` CTAs of this instantiation the device runs at once (the decode split rule's
+// DecodeClusterWave).
+template <class Traits, KvFormat kFormat, class Elem, class QElem>
+int attention_kernel_clusters_at_once(int size) {
+  return clusters_at_once(attention_kernel<Traits, kFormat, Elem, QElem>, Traits::kThreads,
+                          attention_smem_bytes<Traits, kFormat, Elem>(), size);
+}
+
 }  // namespace flashmsa::cuda
