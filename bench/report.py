@@ -6,6 +6,11 @@ where matplotlib is installed, decode_grid.png, decode_split.png and prefill.png
 
     python3 bench/report.py bench/results [--cases bench/data/msa_prefill_benchmark_v1.jsonl]
 
+A decode grid measured alone (`flashmsa_cuda_bench --filter "decode grid" --json G.json > G.txt`)
+first replaces the full run's grid cases, decode_* headline keys and cuda.txt lines:
+
+    python3 bench/report.py bench/results --merge-decode-grid G.json --revision REV
+
 matplotlib is not a build or test dependency: without it only summary.md is written.
 """
 
@@ -279,11 +284,53 @@ def representative_weights(path):
     return weights
 
 
+def merge_decode_grid(results, grid_path, revision):
+    """Replaces the decode grid of results/cuda.{json,txt} with a grid-only run's (grid_path and
+    the .txt next to it); records the run in cuda.json's decode_grid_run."""
+    grid = load(grid_path)
+    cuda_path = os.path.join(results, "cuda.json")
+    cuda = load(cuda_path)
+    is_grid = lambda name: name.startswith("decode grid")
+
+    def spliced(old, new, name=lambda x: x):  # the new grid where the old one was
+        at = next(i for i, x in enumerate(old) if is_grid(name(x)))
+        kept = lambda part: [x for x in part if not is_grid(name(x))]
+        return kept(old[:at]) + new + kept(old[at:])
+
+    cuda["cases"] = spliced(cuda["cases"], [c for c in grid["cases"] if is_grid(c["name"])],
+                            lambda c: c["name"])
+    cuda["headline"].update({k: v for k, v in grid["headline"].items() if k.startswith("decode_")})
+    cuda["decode_grid_run"] = {
+        "revision": revision,
+        "hbm_read_tbps": grid["hbm_read_tbps"],
+        "note": "decode grid cases and decode_* headline keys from flashmsa_cuda_bench --filter "
+                "\"decode grid\" at this revision; every other case from the full scripts/bench.sh "
+                "run named in cuda.command.txt",
+    }
+    with open(cuda_path, "w") as f:
+        json.dump(cuda, f, indent=2)
+        f.write("\n")
+    txt_path = os.path.join(results, "cuda.txt")
+    with open(txt_path) as f:
+        lines = f.read().splitlines()
+    with open(os.path.splitext(grid_path)[0] + ".txt") as f:
+        new = [line for line in f.read().splitlines() if is_grid(line)]
+    with open(txt_path, "w") as f:
+        f.write("\n".join(spliced(lines, new)) + "\n")
+    print(f"merged {len(new)} decode grid lines of {grid_path} (revision {revision})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("results", nargs="?", default="bench/results")
     ap.add_argument("--cases", default="bench/data/msa_prefill_benchmark_v1.jsonl")
+    ap.add_argument("--merge-decode-grid", metavar="GRID_JSON")
+    ap.add_argument("--revision", help="the tree --merge-decode-grid's run measured")
     args = ap.parse_args()
+    if args.merge_decode_grid:
+        if not args.revision:
+            ap.error("--merge-decode-grid needs --revision")
+        merge_decode_grid(args.results, args.merge_decode_grid, args.revision)
     cuda = load(os.path.join(args.results, "cuda.json"))
     sdpa_path = os.path.join(args.results, "sdpa.json")
     sdpa = load(sdpa_path) if os.path.exists(sdpa_path) else None
