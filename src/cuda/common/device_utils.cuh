@@ -124,14 +124,21 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
 __device__ __forceinline__ float rank_key(float s) {
   return s != s ? -1e30f : (s == 0.0f ? 0.0f : s);
 }
+// The larger of a and b, NaN where either is NaN (fmaxf drops NaN).
+__device__ __forceinline__ float max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
 // The largest rank key of the values added, in two min/max instructions a value instead of
 // rank_key's compares: the maximum of the non-NaN values (fmaxf drops NaN) and a NaN-propagating
-// maximum that only says whether a NaN was seen (it ranks as -1e30).
+// maximum that only says whether a NaN was seen (it ranks as -1e30). Where NaN is rare, a max_nan
+// pass alone gives the key (any itself, -0.0 as +0.0) unless it met a NaN.
 struct RankMax {
   float numbers = -INFINITY, any = -INFINITY;
   __device__ __forceinline__ void add(float x) {
     numbers = fmaxf(numbers, x);
-    asm("max.NaN.f32 %0, %0, %1;" : "+f"(any) : "f"(x));
+    any = max_nan(any, x);
   }
   __device__ __forceinline__ float key() const {
     const float m = any != any ? fmaxf(numbers, -1e30f) : numbers;

@@ -123,18 +123,22 @@ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_shift(std::uint32_t codes
 
 // Codes j and j + 4 of a word (j = 0..3: one from each 16-bit half, at the same offset) to the
 // bf16x2 of their values, by moving bits: each code's exponent and mantissa land in bits 8..6 and
-// its sign in bit 15 of its half, which reads as value * 2^-126 (0.5 as a subnormal); one bf16
-// multiply by 2^126 restores the value exactly. Pairing j with j + 4 gives both codes of a pair the
-// same shifts: two shifts, two logic ops and the multiply per pair. The other operand's k order is
-// permuted to match (the index scoring's decode path).
+// its sign in bit 15 of its half, which reads as value * 2^-126 (0.5 as a subnormal:
+// e2m1_pair_to_bf16x2_bits); one bf16 multiply by 2^126 restores the value exactly. Pairing j with
+// j + 4 gives both codes of a pair the same shifts: two shifts, two logic ops and the multiply per
+// pair. The other operand's k order is permuted to match (the index scoring's decode path).
 template <int kJ>
-__device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2(std::uint32_t codes) {
+__device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2_bits(std::uint32_t codes) {
   static_assert(kJ >= 0 && kJ < 4);
   constexpr int kMagnitudeShift = 6 - 4 * kJ, kSignShift = 12 - 4 * kJ;
   const std::uint32_t magnitude =
       (kMagnitudeShift >= 0 ? codes << kMagnitudeShift : codes >> -kMagnitudeShift) & 0x01C001C0u;
   const std::uint32_t sign = (codes << kSignShift) & 0x80008000u;
-  return bf16x2_mul(magnitude | sign, 0x7E807E80u);  // 2^126 in each half
+  return magnitude | sign;  // value * 2^-126
+}
+template <int kJ>
+__device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2(std::uint32_t codes) {
+  return bf16x2_mul(e2m1_pair_to_bf16x2_bits<kJ>(codes), 0x7E807E80u);  // 2^126 in each half
 }
 
 }  // namespace flashmsa::cuda::convert

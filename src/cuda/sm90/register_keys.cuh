@@ -47,13 +47,24 @@ constexpr bool nvfp4_register_order_is_a_permutation() {
 }
 static_assert(nvfp4_register_order_is_a_permutation());
 
+// With kNvfp4KeysScaledDown the fragments skip e2m1_pair_to_bf16x2's restoring multiply (one of
+// the two a code pair takes): they hold code x 2^-126 x (scale x 2^63) = code x scale x 2^-63, a
+// normal bf16 with at most 6 significant bits (|code x scale| is in [2^-10, 2688] or zero), so
+// exact; the A operand must carry the 2^63 (index_score_kernel normalises its query vectors).
+inline constexpr std::uint32_t kNvfp4KeyScaleUp = 0x5F005F00u;  // 2^63 in each bf16 half
+
 // Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
-// scale pair (both halves one block's scale).
-template <int kH>
+// scale pair (both halves one block's scale; x 2^63 when kScaledDown).
+template <int kH, bool kScaledDown>
 __device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
                                                  std::uint32_t& b0, std::uint32_t& b1) {
-  b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
-  b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
+  if constexpr (kScaledDown) {
+    b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<2 * kH>(word), scale);
+    b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<2 * kH + 1>(word), scale);
+  } else {
+    b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
+    b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
+  }
 }
 
 // ---- E4M3 / E5M2 ----
@@ -151,8 +162,9 @@ __device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr
 // that order). All the keys' codes are read first, then each step's A fragments serve every key
 // column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or for
 // E4M3 / E5M2 keys f16 (one instruction a code pair instead of four; the queries must then be f16).
+// kNvfp4KeysScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the queries x 2^63).
 template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class MmaElem = __nv_bfloat16,
-          class QFragments>
+          bool kNvfp4KeysScaledDown = false, class QFragments>
 __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
@@ -164,7 +176,8 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
       codes[nt] = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
       const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
                                                                          key * 8 + (lane % 4) * 2);
-      const std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+      std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+      if constexpr (kNvfp4KeysScaledDown) both = convert::bf16x2_mul(both, kNvfp4KeyScaleUp);
       scales[nt][0] = convert::prmt(both, 0, 0x1010u);
       scales[nt][1] = convert::prmt(both, 0, 0x3232u);
     }
@@ -177,9 +190,9 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
         const std::uint32_t word = (&codes[nt].x)[s / 2];
         std::uint32_t b0, b1;
         if (s % 2 == 0) {
-          nvfp4_b_fragment<0>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<0, kNvfp4KeysScaledDown>(word, scales[nt][s / 4], b0, b1);
         } else {
-          nvfp4_b_fragment<1>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<1, kNvfp4KeysScaledDown>(word, scales[nt][s / 4], b0, b1);
         }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);

@@ -115,6 +115,42 @@ TEST(IndexerGpuAdversarial, NanInfTiesAndSignedZeros) {
   EXPECT_EQ(run.topk, test::run_cpu_indexer(s).topk);
 }
 
+// Decode query vectors of extreme magnitude (x 2^60, x 2^-110, all zero, one NaN element) with
+// bf16 index queries: the NVFP4 decode scoring stores each vector scaled by a power of two and
+// multiplies its block maxima back (index_score_widens_in_registers); bf16 keys for comparison.
+// (Scores stay below the forcing values 1e29 / 1e30: above them a block may outrank the forced
+// ones, as the spec says, which check_properties does not expect.)
+TEST(IndexerGpuAdversarial, DecodeQueryVectorsOfExtremeMagnitude) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  for (const DType dtype : {DType::kNvfp4, DType::kBf16}) {
+    for (const int q : {1, 4, 16}) {  // 4, 16 and 64 vectors a tile
+      SCOPED_TRACE(testing::Message() << to_string(dtype) << ", dql " << q);
+      Config c;
+      c.set_index_cache_dtype(dtype);
+      c.topk_order = TopkOrder::kScoreDesc;
+      Scenario s = test::make_decode(c, {3000, 700, 40 * 128}, q, 90 + q);
+      ASSERT_EQ(s.index_q_dtype(), DType::kBf16);
+      const std::int64_t heads = c.sparse_num_index_heads, dim = 128;
+      for (std::int64_t t = 0; t < s.num_rows; ++t) {
+        for (std::int64_t h = 0; h < heads; ++h) {
+          for (std::int64_t d = 0; d < dim; ++d) {
+            const std::int64_t i = (t * heads + h) * dim + d;
+            auto* bits = reinterpret_cast<std::uint16_t*>(s.index_q.data()) + i;
+            const float x = fmt::bf16_to_float(*bits);
+            const float scaled = h == 0   ? std::ldexp(x, 60)
+                                 : h == 1 ? std::ldexp(x, -110)
+                                 : h == 2 ? (t % 2 == 0 ? 0.0f : x)
+                                          : (t == 0 && d == 5 ? NAN : x);
+            *bits = fmt::float_to_bf16(scaled);  // the oracle reads what the device reads
+            s.index_q_values[i] = fmt::bf16_to_float(*bits);
+          }
+        }
+      }
+      check_gpu(s);
+    }
+  }
+}
+
 // 40 blocks (ranked directly) and 300 (the radix select, every pass: the tie never decides early).
 TEST(IndexerGpuAdversarial, ExactTiesGoToSmallerIds) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();

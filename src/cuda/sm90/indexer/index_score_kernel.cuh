@@ -53,6 +53,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // [kGroup pages][kWarpsN][kVectors]: each warp's block maxima.
   float* partial_max =
       reinterpret_cast<float*>(widened + index_score_widened_bytes<Traits, kFormat, kQueryFp8>());
+  // kRegisterCodes: each query vector's 2^-E (index_score_widens_in_registers says why).
+  float* vector_restore = partial_max + kGroup * Traits::kWarpsN * Traits::kVectors;
 
   const int hidx = p.num_index_heads;
   const int rows_per_tile = Traits::kVectors / hidx;
@@ -162,13 +164,33 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
       }
       if constexpr (kRegisterCodes) {
-        // Each dim to the k position the register-widened keys hold it at.
+        // The vector x 2^(E + 63) (index_score_widens_in_registers), each dim at the k position
+        // the register-widened keys hold it at. A vector's chunks are 16 consecutive lanes.
+        static_assert(kRowChunks == 16 && Traits::kVectors * kRowChunks % Traits::kThreads == 0);
         const auto* dims = reinterpret_cast<const std::uint16_t*>(&value);
+        std::uint32_t largest = 0;  // bits of the largest finite magnitude (ordered as integers)
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
+          const std::uint32_t magnitude = (std::uint32_t{dims[e]} << 16) & 0x7FFF0000u;
+          if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
+        }
+#pragma unroll
+        for (int offset = 1; offset < 16; offset *= 2)
+          largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+        // E in [-126, 126]: 2^E and 2^-E are normal floats. x 2^E x 2^63 is exact but for
+        // elements more than 2^189 below the largest (they round on bf16's subnormal grid).
+        const int power = max(-126, min(126, 127 - static_cast<int>(largest >> 23)));
+        const float up = __uint_as_float(static_cast<std::uint32_t>(power + 127) << 23);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          const float x = __uint_as_float(std::uint32_t{dims[e]} << 16) * up * 0x1p63f;
           const int column = nvfp4_register_column(chunk * 8 + e);
-          reinterpret_cast<std::uint16_t*>(q_tile + swizzled_chunk(v, column / 8) *
-                                                        16)[column % 8] = dims[e];
+          reinterpret_cast<std::uint16_t*>(q_tile +
+                                           swizzled_chunk(v, column / 8) * 16)[column % 8] =
+              __bfloat16_as_ushort(__float2bfloat16_rn(x));
+        }
+        if (chunk == 0) {
+          vector_restore[v] = __uint_as_float(static_cast<std::uint32_t>(127 - power) << 23);
         }
       } else {
         reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
@@ -196,6 +218,19 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
   }
+  // kRegisterCodes on warp rings: the warp's query fragments of all 8 k steps stay in registers
+  // for every page (32 registers; no fragment loads a page).
+  constexpr bool kQueryInRegisters = kRegisterCodes && kWarpRings;
+  std::uint32_t q_steps[kQueryInRegisters ? 8 : 1][Traits::kMTiles][4];
+  if constexpr (kQueryInRegisters) {
+#pragma unroll
+    for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+      for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+        load_a_fragment(q_steps[ks][mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+      }
+    }
+  }
   // kWarpRings: the CTA's block maxima of pages [i0, i0 + count) to the scores, merged over the
   // warps.
   auto store_maxima = [&](int i0, int count) {
@@ -211,7 +246,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
         for (int w = 1; w < Traits::kWarpsN; ++w) m = fmaxf(m, slot[w * Traits::kVectors + v]);
         // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
         // CPU.
-        if (page_of(i0 + j) < 0 || m == -1e30f) m = nan;
+        if (page_of(i0 + j) < 0 || m == -1e30f) {
+          m = nan;
+        } else if constexpr (kRegisterCodes) {
+          m *= vector_restore[v];
+        }
         p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
                      p.max_blocks +
                  block] = m;
@@ -245,11 +284,16 @@ __global__ void __launch_bounds__(Traits::kThreads)
         const auto q = [&](int step, std::uint32_t(&a)[Traits::kMTiles][4]) {
 #pragma unroll
           for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-            load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, step, lane);
+            if constexpr (kQueryInRegisters) {
+#pragma unroll
+              for (int r = 0; r < 4; ++r) a[mt][r] = q_steps[step][mt][r];
+            } else {
+              load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, step, lane);
+            }
           }
         };
-        register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys>(acc, q, k_tile, key0,
-                                                                           lane);
+        register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys, __nv_bfloat16, true>(
+            acc, q, k_tile, key0, lane);
       } else if constexpr (kF16Route) {
         float halves[2][Traits::kMTiles][Traits::kNTiles][4] = {};
 #pragma unroll
@@ -295,18 +339,34 @@ __global__ void __launch_bounds__(Traits::kThreads)
         // key (on the prefill tile the bound made the E4M3 instance spill).
         const int last_key =
             all_visible ? 127 : static_cast<int>(max64(-1, min64(127, pos - first_key)));
-        RankMax best;
+        auto block_max = [&](auto visible) {
+          RankMax best;
 #pragma unroll
-        for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+          for (int nt = 0; nt < Traits::kNTiles; ++nt) {
 #pragma unroll
-          for (int c = 0; c < 2; ++c) {
-            const int key = warp_n * Traits::kWarpCols + nt * 8 + 2 * (lane % 4) + c;
-            const bool visible =
-                Traits::kWarpsM == 1 ? key <= last_key : all_visible || first_key + key <= pos;
-            if (visible) best.add(acc[mt][nt][2 * half + c]);
+            for (int c = 0; c < 2; ++c) {
+              const int key = warp_n * Traits::kWarpCols + nt * 8 + 2 * (lane % 4) + c;
+              if (visible(key)) best.add(acc[mt][nt][2 * half + c]);
+            }
           }
+          return best.key();
+        };
+        float m;
+        if (Traits::kWarpsM == 1 && all_visible) {
+          // Decode tiles, every key visible (warp-uniform): one NaN-propagating max, and
+          // RankMax's two only where it met a NaN.
+          float any = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < Traits::kNTiles; ++nt) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) any = max_nan(any, acc[mt][nt][2 * half + c]);
+          }
+          m = any != any ? block_max([](int) { return true; }) : (any == 0.0f ? 0.0f : any);
+        } else {
+          m = block_max([&](int key) {
+            return Traits::kWarpsM == 1 ? key <= last_key : all_visible || first_key + key <= pos;
+          });
         }
-        float m = best.key();
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
         if (lane % 4 == 0) {
@@ -339,7 +399,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
         // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
         // CPU.
-        if (!page_ok || m == -1e30f) m = nan;
+        if (!page_ok || m == -1e30f) {
+          m = nan;
+        } else if constexpr (kRegisterCodes) {
+          m *= vector_restore[v];
+        }
         p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
                      p.max_blocks +
                  block] = m;

@@ -33,9 +33,10 @@ constexpr bool index_score_uses_fp8_mma() {
 
 // NVFP4 keys against bf16 queries on the decode tiles (one row of warps, each warp its own keys):
 // every warp widens its keys' codes in registers straight into MMA fragments, the block scale
-// multiplied in (convert::e2m1_pair_to_bf16x2; exact: a code times an E4M3 scale has at most 6
-// significant bits). The prefill tile's four warp rows would each widen the same keys: it keeps
-// the shared-memory pass.
+// multiplied in (register_qk's kNvfp4KeysScaledDown: code x scale x 2^-63, exact; each query
+// vector is stored x 2^(E + 63) with E a power that puts its largest finite magnitude in [1, 2),
+// and its block maxima are multiplied back by 2^-E). The prefill tile's four warp rows would each
+// widen the same keys: it keeps the shared-memory pass.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr bool index_score_widens_in_registers() {
   return kFormat == KvFormat::kNvfp4 && !kQueryFp8 && Traits::kWarpsM == 1;
@@ -76,7 +77,8 @@ constexpr bool index_score_fp8_as_f16() {
 }
 
 // The shared memory, in the kernel's order: the query tile (E4M3 as it is for the fp8 MMA, f16 for
-// the decode tiles' f16 route, else bf16), the ring(s), the widened tile, the block maxima slots.
+// the decode tiles' f16 route, else bf16), the ring(s), the widened tile, the block maxima slots,
+// the register-widened tiles' 2^-E per query vector.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr int index_score_query_bytes() {
   return Traits::kVectors * (index_score_uses_fp8_mma<kFormat, kQueryFp8>() &&
@@ -102,7 +104,8 @@ constexpr int index_score_smem_bytes() {
   return index_score_query_bytes<Traits, kFormat, kQueryFp8>() +
          index_score_ring_bytes<Traits, kFormat, kQueryFp8>() +
          index_score_widened_bytes<Traits, kFormat, kQueryFp8>() +
-         (kWarpRings ? kIndexScoreMaxGroup : 1) * Traits::kWarpsN * Traits::kVectors * 4;
+         (kWarpRings ? kIndexScoreMaxGroup : 1) * Traits::kWarpsN * Traits::kVectors * 4 +
+         (index_score_widens_in_registers<Traits, kFormat, kQueryFp8>() ? Traits::kVectors * 4 : 0);
 }
 
 }  // namespace flashmsa::cuda
