@@ -136,6 +136,11 @@ __device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2_bits(std::uint32_t 
   const std::uint32_t sign = (codes << kSignShift) & 0x80008000u;
   return magnitude | sign;  // value * 2^-126
 }
+// Where a scale follows anyway, the restoring multiply can go: bits x (scale x 2^63) is
+// code x scale x 2^-63, a normal bf16 with at most 6 significant bits (|code x scale| is 0 or in
+// [2^-10, 2688]), so exact; the consumer carries the 2^63 back (register_qk, widen_planes).
+inline constexpr std::uint32_t kE2m1ScaleUp = 0x5F005F00u;  // 2^63 in each bf16 half
+inline constexpr float kE2m1ScaledDownRestore = 0x1p63f;
 template <int kJ>
 __device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2(std::uint32_t codes) {
   return bf16x2_mul(e2m1_pair_to_bf16x2_bits<kJ>(codes), 0x7E807E80u);  // 2^126 in each half

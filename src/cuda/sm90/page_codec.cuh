@@ -111,8 +111,10 @@ __device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src,
 // Widens kPlanes consecutive raw planes of kTokens tokens of a stage into as many swizzled 16-bit
 // tiles (kTokens x 256 bytes each), exactly: every E4M3, E5M2 and NVFP4 (code x E4M3 scale) value
 // is representable in bf16 and in fp16. Work unit: 16 elements of one token; `thread` is the
-// caller's index among the kThreads that share the work.
-template <int kThreads, KvFormat kFormat, class Elem, int kPlanes, int kTokens = 128>
+// caller's index among the kThreads that share the work. kNvfp4ScaledDown (NVFP4 into bf16): the
+// tiles hold code x scale x 2^-63, one multiply a code pair fewer (convert::kE2m1ScaleUp).
+template <int kThreads, KvFormat kFormat, class Elem, int kPlanes, int kTokens = 128,
+          bool kNvfp4ScaledDown = false>
 __device__ void widen_planes(const std::byte* stage, std::byte* tiles, int thread) {
   static_assert(kFormat != KvFormat::kNative16, "16-bit pages are copied, not widened");
   for (int i = thread; i < kPlanes * kTokens * 8; i += kThreads) {
@@ -127,17 +129,25 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles, int threa
       // then byte permutes back to the natural order.
       const uint2 codes = *reinterpret_cast<const uint2*>(raw + token * 64 + group * 8);
       const auto scale_code = static_cast<std::uint8_t>(raw[kTokens * 64 + token * 8 + group]);
-      const std::uint32_t scale = convert::prmt(convert::e4m3x2_to_bf16x2_cvt(scale_code, 0), 0,
-                                                0x1010u);  // (scale, scale)
+      std::uint32_t scale = convert::prmt(convert::e4m3x2_to_bf16x2_cvt(scale_code, 0), 0,
+                                          0x1010u);  // (scale, scale)
+      if constexpr (kNvfp4ScaledDown) scale = convert::bf16x2_mul(scale, convert::kE2m1ScaleUp);
+      const auto pair = [&]<int kJ>(std::uint32_t word) {
+        if constexpr (kNvfp4ScaledDown) {
+          return convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<kJ>(word), scale);
+        } else {
+          return convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<kJ>(word), scale);
+        }
+      };
       uint4 out[2];
       auto* o = reinterpret_cast<std::uint32_t*>(out);
 #pragma unroll
       for (int w = 0; w < 2; ++w) {
         const std::uint32_t word = w == 0 ? codes.x : codes.y;
-        const std::uint32_t p0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<0>(word), scale);
-        const std::uint32_t p1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<1>(word), scale);
-        const std::uint32_t p2 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2>(word), scale);
-        const std::uint32_t p3 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<3>(word), scale);
+        const std::uint32_t p0 = pair.template operator()<0>(word);
+        const std::uint32_t p1 = pair.template operator()<1>(word);
+        const std::uint32_t p2 = pair.template operator()<2>(word);
+        const std::uint32_t p3 = pair.template operator()<3>(word);
         o[4 * w + 0] = convert::prmt(p0, p1, 0x5410u);  // elements 0, 1
         o[4 * w + 1] = convert::prmt(p2, p3, 0x5410u);  // 2, 3
         o[4 * w + 2] = convert::prmt(p0, p1, 0x7632u);  // 4, 5

@@ -47,12 +47,9 @@ constexpr bool nvfp4_register_order_is_a_permutation() {
 }
 static_assert(nvfp4_register_order_is_a_permutation());
 
-// With kNvfp4KeysScaledDown the fragments skip e2m1_pair_to_bf16x2's restoring multiply (one of
-// the two a code pair takes): they hold code x 2^-126 x (scale x 2^63) = code x scale x 2^-63, a
-// normal bf16 with at most 6 significant bits (|code x scale| is in [2^-10, 2688] or zero), so
-// exact; the A operand must carry the 2^63 (index_score_kernel normalises its query vectors).
-inline constexpr std::uint32_t kNvfp4KeyScaleUp = 0x5F005F00u;  // 2^63 in each bf16 half
-
+// With kScaledDown the fragments skip e2m1_pair_to_bf16x2's restoring multiply (one of the two a
+// code pair takes): they hold code x scale x 2^-63 (convert::kE2m1ScaleUp), and the caller carries
+// the 2^63 back (the index scoring in its query vectors, the attention in its score scale).
 // Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
 // scale pair (both halves one block's scale; x 2^63 when kScaledDown).
 template <int kH, bool kScaledDown>
@@ -177,7 +174,7 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
       const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
                                                                          key * 8 + (lane % 4) * 2);
       std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
-      if constexpr (kNvfp4KeysScaledDown) both = convert::bf16x2_mul(both, kNvfp4KeyScaleUp);
+      if constexpr (kNvfp4KeysScaledDown) both = convert::bf16x2_mul(both, convert::kE2m1ScaleUp);
       scales[nt][0] = convert::prmt(both, 0, 0x1010u);
       scales[nt][1] = convert::prmt(both, 0, 0x3232u);
     }

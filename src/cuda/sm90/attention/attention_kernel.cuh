@@ -63,6 +63,13 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
                                                    attention_query_and_union_bytes<Traits>() >=
                                                kAttentionSelectSmem),
                 "a selecting tile holds one row, and its stages its selection");
+  // NVFP4 K and V into bf16 tiles or fragments as code x scale x 2^-63 (one multiply a code pair
+  // fewer; convert::kE2m1ScaleUp); the score scale and the output scale carry the 2^63 back. Only
+  // products whose unscaled value is below 2^-63 lose bits (fp32 subnormals): far under the fp32
+  // sums' own rounding, within the spec's error rule.
+  constexpr bool kNvfp4ScaledDown =
+      kFormat == KvFormat::kNvfp4 && std::is_same_v<Elem, __nv_bfloat16>;
+  constexpr float kRestore = kNvfp4ScaledDown ? convert::kE2m1ScaledDownRestore : 1.0f;
   using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
   using QkElem = std::conditional_t<kRegisterV, __half, Elem>;  // Q's (and K's) in Q K^T
   constexpr int kStageBytes =
@@ -265,7 +272,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   for (int half = 0; half < 2; ++half) {
     score_scale[half] = kRegisterV
                             ? fminf(p.score_scale_log2 * q_restore[lane / 4 + 8 * half], FLT_MAX)
-                            : p.score_scale_log2;
+                            : fminf(p.score_scale_log2 * kRestore, FLT_MAX);
   }
   // The row's queries as A fragments, one per 16 dims; kWarpRings reads them from shared memory
   // at each use instead (32 registers fewer: two CTAs fit on an SM).
@@ -298,14 +305,15 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       // Nothing to widen: the warp converts its keys' K and V codes in registers.
     } else if constexpr (kWarpRings) {
       if (first_key + raw_key0 <= my_pos) {  // the ring wait's warp barrier freed the tile
-        widen_planes<32, kFormat, Elem, 1, Traits::kWarpKeys>(
+        widen_planes<32, kFormat, Elem, 1, Traits::kWarpKeys, kNvfp4ScaledDown>(
             v_raw, ring_base + kStages * kStageBytes, lane);
       }
       __syncwarp();
       v_tile = ring_base + kStages * kStageBytes;
     } else if constexpr (kWiden) {
       if (entry_page(e) >= 0)
-        widen_planes<Traits::kThreads, kFormat, Elem, 2>(tiles, widened, threadIdx.x);
+        widen_planes<Traits::kThreads, kFormat, Elem, 2, 128, kNvfp4ScaledDown>(tiles, widened,
+                                                                                threadIdx.x);
       __syncthreads();
       k_tile = widened;
       v_tile = widened + 128 * 256;
@@ -325,8 +333,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         const auto q = [&](int step, std::uint32_t(&a)[1][4]) {
           load_a_fragment(a[0], q_tile, 0, step, lane);
         };
-        register_qk<kFormat, 1, kNT, Traits::kWarpKeys, QkElem>(scores, q, k_raw, key0 - raw_key0,
-                                                                lane);
+        register_qk<kFormat, 1, kNT, Traits::kWarpKeys, QkElem, kNvfp4ScaledDown>(
+            scores, q, k_raw, key0 - raw_key0, lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -467,7 +475,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       l += scale * part_sum[slot];
       add_scaled(v, part_o + slot * Traits::kPartialStride + col, scale);
     }
-    const OutputScale out_scale = output_scale(l, m, p.v_scale);
+    const OutputScale out_scale = output_scale(l, m, p.v_scale * kRestore);
 #pragma unroll
     for (int j = 0; j < W; ++j) v[j] *= out_scale.inv;
     constexpr float kLn2 = 0.6931471805599453f;
