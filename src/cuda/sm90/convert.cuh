@@ -145,5 +145,16 @@ template <int kJ>
 __device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2(std::uint32_t codes) {
   return bf16x2_mul(e2m1_pair_to_bf16x2_bits<kJ>(codes), 0x7E807E80u);  // 2^126 in each half
 }
+// Codes j and j + 4 times their block scale pair (exact); kScaledDown: x 2^-63 too, the scale
+// pair carrying kE2m1ScaleUp.
+template <int kJ, bool kScaledDown>
+__device__ __forceinline__ std::uint32_t e2m1_pair_times_scale(std::uint32_t codes,
+                                                               std::uint32_t scale) {
+  if constexpr (kScaledDown) {
+    return bf16x2_mul(e2m1_pair_to_bf16x2_bits<kJ>(codes), scale);
+  } else {
+    return bf16x2_mul(e2m1_pair_to_bf16x2<kJ>(codes), scale);
+  }
+}
 
 }  // namespace flashmsa::cuda::convert

@@ -132,22 +132,15 @@ __device__ void widen_planes(const std::byte* stage, std::byte* tiles, int threa
       std::uint32_t scale = convert::prmt(convert::e4m3x2_to_bf16x2_cvt(scale_code, 0), 0,
                                           0x1010u);  // (scale, scale)
       if constexpr (kNvfp4ScaledDown) scale = convert::bf16x2_mul(scale, convert::kE2m1ScaleUp);
-      const auto pair = [&]<int kJ>(std::uint32_t word) {
-        if constexpr (kNvfp4ScaledDown) {
-          return convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<kJ>(word), scale);
-        } else {
-          return convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<kJ>(word), scale);
-        }
-      };
       uint4 out[2];
       auto* o = reinterpret_cast<std::uint32_t*>(out);
 #pragma unroll
       for (int w = 0; w < 2; ++w) {
         const std::uint32_t word = w == 0 ? codes.x : codes.y;
-        const std::uint32_t p0 = pair.template operator()<0>(word);
-        const std::uint32_t p1 = pair.template operator()<1>(word);
-        const std::uint32_t p2 = pair.template operator()<2>(word);
-        const std::uint32_t p3 = pair.template operator()<3>(word);
+        const std::uint32_t p0 = convert::e2m1_pair_times_scale<0, kNvfp4ScaledDown>(word, scale);
+        const std::uint32_t p1 = convert::e2m1_pair_times_scale<1, kNvfp4ScaledDown>(word, scale);
+        const std::uint32_t p2 = convert::e2m1_pair_times_scale<2, kNvfp4ScaledDown>(word, scale);
+        const std::uint32_t p3 = convert::e2m1_pair_times_scale<3, kNvfp4ScaledDown>(word, scale);
         o[4 * w + 0] = convert::prmt(p0, p1, 0x5410u);  // elements 0, 1
         o[4 * w + 1] = convert::prmt(p2, p3, 0x5410u);  // 2, 3
         o[4 * w + 2] = convert::prmt(p0, p1, 0x7632u);  // 4, 5

@@ -55,13 +55,8 @@ static_assert(nvfp4_register_order_is_a_permutation());
 template <int kH, bool kScaledDown>
 __device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
                                                  std::uint32_t& b0, std::uint32_t& b1) {
-  if constexpr (kScaledDown) {
-    b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<2 * kH>(word), scale);
-    b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2_bits<2 * kH + 1>(word), scale);
-  } else {
-    b0 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH>(word), scale);
-    b1 = convert::bf16x2_mul(convert::e2m1_pair_to_bf16x2<2 * kH + 1>(word), scale);
-  }
+  b0 = convert::e2m1_pair_times_scale<2 * kH, kScaledDown>(word, scale);
+  b1 = convert::e2m1_pair_times_scale<2 * kH + 1, kScaledDown>(word, scale);
 }
 
 // ---- E4M3 / E5M2 ----
@@ -159,7 +154,8 @@ __device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr
 // that order). All the keys' codes are read first, then each step's A fragments serve every key
 // column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or for
 // E4M3 / E5M2 keys f16 (one instruction a code pair instead of four; the queries must then be f16).
-// kNvfp4KeysScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the queries x 2^63).
+// kNvfp4KeysScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the caller carries
+// the 2^63 back).
 template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class MmaElem = __nv_bfloat16,
           bool kNvfp4KeysScaledDown = false, class QFragments>
 __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
