@@ -14,7 +14,10 @@ The SASS of each kernel (from `cuobjdump -sass` over the build's CUDA objects, i
 addresses and encodings dropped) is the unit; identical SASS means identical behaviour on the
 GPU. --rename maps a substring of the old (demangled) names to the new one, for kernels whose
 name changed with the move (a namespace, a template argument's type). Needs cuobjdump (CUDA
-toolkit) and c++filt (binutils); set CUOBJDUMP to use another cuobjdump.
+toolkit) and c++filt (binutils); set CUOBJDUMP to use another cuobjdump. Where the toolkit came
+without them (nvcc alone), the PyPI wheels have both: `pip download nvidia-cuda-cuobjdump
+nvidia-cuda-nvdisasm --no-deps -d /tmp/w`, unzip each, and put their `nvidia/cu13/bin` on PATH
+(cuobjdump runs nvdisasm). `cuobjdump -res-usage OBJ` gives registers and spills the same way.
 """
 
 import argparse
