@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         for (int offset = 1; offset < 16; offset *= 2)
           largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
         // E in [-126, 126]: 2^E and 2^-E are normal floats. x 2^E x 2^63 is exact but for
-        // elements more than 2^189 below the largest (they round on bf16's subnormal grid).
+        // elements more than 2^141 below the largest (x 2^E rounds on fp32's subnormal grid).
         const int power = max(-126, min(126, 127 - static_cast<int>(largest >> 23)));
         const float up = __uint_as_float(static_cast<std::uint32_t>(power + 127) << 23);
 #pragma unroll
