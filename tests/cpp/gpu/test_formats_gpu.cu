@@ -317,6 +317,29 @@ __global__ void widen_nvfp4_kernel(std::uint32_t* lut, std::uint32_t* shifted,
   }
 }
 
+// Thread s (an E4M3 block scale code) multiplies every E2M1 code by its scale the way
+// register_qk and widen_planes do (convert::e2m1_pair_times_scale), scaled down by 2^-63 or not.
+__global__ void nvfp4_times_scale_kernel(std::uint32_t* scaled, std::uint32_t* plain) {
+  namespace cv = cuda::convert;
+  const std::uint32_t scale = cv::prmt(cv::e4m3x2_to_bf16x2_cvt(threadIdx.x, 0), 0, 0x1010u);
+  const std::uint32_t up = cv::bf16x2_mul(scale, cv::kE2m1ScaleUp);
+  for (int w = 0; w < 2; ++w) {
+    const std::uint32_t codes = w == 0 ? 0x76543210u : 0xFEDCBA98u;  // codes 8 w .. 8 w + 7
+    const std::uint32_t s[4] = {cv::e2m1_pair_times_scale<0, true>(codes, up),
+                                cv::e2m1_pair_times_scale<1, true>(codes, up),
+                                cv::e2m1_pair_times_scale<2, true>(codes, up),
+                                cv::e2m1_pair_times_scale<3, true>(codes, up)};
+    const std::uint32_t p[4] = {cv::e2m1_pair_times_scale<0, false>(codes, scale),
+                                cv::e2m1_pair_times_scale<1, false>(codes, scale),
+                                cv::e2m1_pair_times_scale<2, false>(codes, scale),
+                                cv::e2m1_pair_times_scale<3, false>(codes, scale)};
+    for (int i = 0; i < 4; ++i) {
+      scaled[(threadIdx.x * 2 + w) * 4 + i] = s[i];
+      plain[(threadIdx.x * 2 + w) * 4 + i] = p[i];
+    }
+  }
+}
+
 // Bit-exact equality of values, NaN equal to NaN (the widenings keep NaN, not its payload).
 bool same_value(float got, float want) {
   return (std::isnan(got) && std::isnan(want)) ||
@@ -380,6 +403,33 @@ TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
       const auto pair_code = static_cast<std::uint8_t>((t + h / 2 + 4 * (h % 2)) & 15);
       ASSERT_TRUE(same_value(bf16_bits_value(pair_bits), fmt::e2m1_to_float(pair_code)))
           << "bf16 pair, code " << int(pair_code);
+    }
+  }
+}
+
+// Every E2M1 code times every E4M3 scale, as the NVFP4 key and value fragments are made: exact,
+// and with the scale x 2^63 (kE2m1ScaleUp) exactly 2^-63 of that (the claim that lets the index
+// scoring and the attention drop one multiply a code pair).
+TEST(FormatsGpu, Nvfp4CodeTimesScaleIsExactScaledDownOrNot) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  DeviceBuffer<std::uint32_t> scaled(256 * 8), plain(256 * 8);
+  nvfp4_times_scale_kernel<<<1, 256>>>(scaled.get(), plain.get());
+  FLASHMSA_CHECK_LAUNCH();
+  const auto scaled_host = scaled.to_host(), plain_host = plain.to_host();
+  for (int s = 0; s < 256; ++s) {
+    const float scale = fmt::e4m3_to_float(static_cast<std::uint8_t>(s));
+    for (int w = 0; w < 2; ++w) {
+      for (int h = 0; h < 8; ++h) {  // output i = h / 2 holds codes i (low half), i + 4 (high)
+        const int at = (s * 2 + w) * 4 + h / 2, shift = 16 * (h % 2);
+        const auto code = static_cast<std::uint8_t>(8 * w + h / 2 + 4 * (h % 2));
+        const float want = fmt::e2m1_to_float(code) * scale;  // exact: <= 6 significant bits
+        const float down = bf16_bits_value(static_cast<std::uint16_t>(scaled_host[at] >> shift));
+        const float full = bf16_bits_value(static_cast<std::uint16_t>(plain_host[at] >> shift));
+        ASSERT_TRUE(same_value(full, want))
+            << "code " << int(code) << " x scale 0x" << std::hex << s << ": " << full;
+        ASSERT_TRUE(same_value(std::ldexp(down, 63), want))
+            << "scaled down, code " << int(code) << " x scale 0x" << std::hex << s << ": " << down;
+      }
     }
   }
 }
