@@ -154,10 +154,10 @@ __device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr
 // that order). All the keys' codes are read first, then each step's A fragments serve every key
 // column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or for
 // E4M3 / E5M2 keys f16 (one instruction a code pair instead of four; the queries must then be f16).
-// kNvfp4KeysScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the caller carries
+// kNvfp4ScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the caller carries
 // the 2^63 back).
 template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class MmaElem = __nv_bfloat16,
-          bool kNvfp4KeysScaledDown = false, class QFragments>
+          bool kNvfp4ScaledDown = false, class QFragments>
 __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
@@ -170,7 +170,7 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
       const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
                                                                          key * 8 + (lane % 4) * 2);
       std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
-      if constexpr (kNvfp4KeysScaledDown) both = convert::bf16x2_mul(both, convert::kE2m1ScaleUp);
+      if constexpr (kNvfp4ScaledDown) both = convert::bf16x2_mul(both, convert::kE2m1ScaleUp);
       scales[nt][0] = convert::prmt(both, 0, 0x1010u);
       scales[nt][1] = convert::prmt(both, 0, 0x3232u);
     }
@@ -183,9 +183,9 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
         const std::uint32_t word = (&codes[nt].x)[s / 2];
         std::uint32_t b0, b1;
         if (s % 2 == 0) {
-          nvfp4_b_fragment<0, kNvfp4KeysScaledDown>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<0, kNvfp4ScaledDown>(word, scales[nt][s / 4], b0, b1);
         } else {
-          nvfp4_b_fragment<1, kNvfp4KeysScaledDown>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<1, kNvfp4ScaledDown>(word, scales[nt][s / 4], b0, b1);
         }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);

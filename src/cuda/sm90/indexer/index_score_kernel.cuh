@@ -202,32 +202,19 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // The queries (plain stores by every thread) reach every warp by this barrier: with warp rings
   // the page waits are warp barriers only.
   if constexpr (kWarpRings) __syncthreads();
-  // kF16Route: the warp's f16 query fragments of all four k steps stay in registers for every page
-  // (32 registers with kMTiles 1; the tile has registers to spare at 4 CTAs an SM).
-  std::uint32_t q16[kF16Route ? 4 : 1][Traits::kMTiles][2][4];
-  if constexpr (kF16Route) {
-#pragma unroll
-    for (int ks = 0; ks < 4; ++ks) {
-#pragma unroll
-      for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          load_a_fragment<__half>(q16[ks][mt][h], q_tile, warp_m * Traits::kWarpRows + mt * 16,
-                                  2 * ks + h, lane);
-        }
-      }
-    }
-  }
-  // kRegisterCodes on warp rings: the warp's query fragments of all 8 k steps stay in registers
-  // for every page (32 registers; no fragment loads a page).
-  constexpr bool kQueryInRegisters = kRegisterCodes && kWarpRings;
+  // The warp's query fragments of all 8 k steps (16 dims each) stay in registers for every page
+  // where the tile has registers to spare (32 with kMTiles 1): kF16Route's f16 ones (4 CTAs an
+  // SM), and the NVFP4 register codes' bf16 ones on warp rings. No fragment loads a page.
+  constexpr bool kQueryInRegisters = kF16Route || (kRegisterCodes && kWarpRings);
+  using QueryFragment = std::conditional_t<kF16Route, __half, __nv_bfloat16>;
   std::uint32_t q_steps[kQueryInRegisters ? 8 : 1][Traits::kMTiles][4];
   if constexpr (kQueryInRegisters) {
 #pragma unroll
     for (int ks = 0; ks < 8; ++ks) {
 #pragma unroll
       for (int mt = 0; mt < Traits::kMTiles; ++mt) {
-        load_a_fragment(q_steps[ks][mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, ks, lane);
+        load_a_fragment<QueryFragment>(q_steps[ks][mt], q_tile,
+                                       warp_m * Traits::kWarpRows + mt * 16, ks, lane);
       }
     }
   }
@@ -297,9 +284,17 @@ __global__ void __launch_bounds__(Traits::kThreads)
       } else if constexpr (kF16Route) {
         float halves[2][Traits::kMTiles][Traits::kNTiles][4] = {};
 #pragma unroll
-        for (int ks = 0; ks < 4; ++ks) {  // 32 dims a step
-          qk_step_e4m3_f16<Traits::kMTiles, Traits::kNTiles>(halves, q16[ks], k_tile, key0, ks,
-                                                             lane);
+        for (int ks = 0; ks < 4; ++ks) {  // 32 dims a step: 16-dim steps 2 ks and 2 ks + 1
+          std::uint32_t a16[Traits::kMTiles][2][4];
+#pragma unroll
+          for (int mt = 0; mt < Traits::kMTiles; ++mt) {
+#pragma unroll
+            for (int r = 0; r < 4; ++r) {
+              a16[mt][0][r] = q_steps[2 * ks][mt][r];
+              a16[mt][1][r] = q_steps[2 * ks + 1][mt][r];
+            }
+          }
+          qk_step_e4m3_f16<Traits::kMTiles, Traits::kNTiles>(halves, a16, k_tile, key0, ks, lane);
         }
 #pragma unroll
         for (int mt = 0; mt < Traits::kMTiles; ++mt) {

@@ -33,7 +33,7 @@ constexpr bool index_score_uses_fp8_mma() {
 
 // NVFP4 keys against bf16 queries on the decode tiles (one row of warps, each warp its own keys):
 // every warp widens its keys' codes in registers straight into MMA fragments, the block scale
-// multiplied in (register_qk's kNvfp4KeysScaledDown: code x scale x 2^-63, exact; each query
+// multiplied in (register_qk's kNvfp4ScaledDown: code x scale x 2^-63, exact; each query
 // vector is stored x 2^(E + 63) with E a power that puts its largest finite magnitude in [1, 2),
 // and its block maxima are multiplied back by 2^-E). The prefill tile's four warp rows would each
 // widen the same keys: it keeps the shared-memory pass.
