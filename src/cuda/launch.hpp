@@ -41,15 +41,22 @@ inline std::byte* checked_workspace(const TensorView& workspace, std::int64_t by
   return static_cast<std::byte*>(workspace.data);
 }
 
+// Raises `kernel`'s dynamic shared-memory limit to `smem` bytes where it uses any (launches and
+// occupancy queries above the default 48 KB need it).
+template <class... Params>
+void allow_dynamic_smem(void (*kernel)(Params...), int smem) {
+  if (smem > 0) {
+    FLASHMSA_CHECK_CUDA(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  }
+}
+
 // Launches `kernel` on `stream` (raising its dynamic shared-memory limit first when it uses
 // any) and checks the launch.
 template <class... Params, class... Args>
 void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, cudaStream_t stream,
                    Args&&... args) {
-  if (smem > 0) {
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  allow_dynamic_smem(kernel, smem);
   kernel<<<grid, block, smem, stream>>>(std::forward<Args>(args)...);
   FLASHMSA_CHECK_LAUNCH();
 }
@@ -63,10 +70,7 @@ void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, c
 template <class... Params, class... Args>
 void launch_dependent_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
                                      int smem, cudaStream_t stream, Args&&... args) {
-  if (smem > 0) {
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  allow_dynamic_smem(kernel, smem);
   cudaLaunchAttribute attrs[2]{};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
@@ -89,10 +93,7 @@ void launch_dependent_cluster_kernel(void (*kernel)(Params...), dim3 grid, dim3 
 // compiled code). Host-side, no device synchronisation.
 template <class... Params>
 int ctas_per_sm(void (*kernel)(Params...), int threads, int smem) {
-  if (smem > 0) {
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  allow_dynamic_smem(kernel, smem);
   int ctas = 0;
   FLASHMSA_CHECK_CUDA(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, threads, smem));
   return ctas;
@@ -103,10 +104,7 @@ int ctas_per_sm(void (*kernel)(Params...), int threads, int smem) {
 // never straddles two). Clusters along z, as launch_dependent_cluster_kernel's callers form them.
 template <class... Params>
 int clusters_at_once(void (*kernel)(Params...), int threads, int smem, int size) {
-  if (smem > 0) {
-    FLASHMSA_CHECK_CUDA(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  }
+  allow_dynamic_smem(kernel, smem);
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = cluster.val.clusterDim.y = 1;
