@@ -293,7 +293,7 @@ def merge_decode_grid(results, grid_path, revision):
     is_grid = lambda name: name.startswith("decode grid")
 
     def spliced(old, new, name=lambda x: x):  # the new grid where the old one was
-        at = next(i for i, x in enumerate(old) if is_grid(name(x)))
+        at = next((i for i, x in enumerate(old) if is_grid(name(x))), len(old))  # none: append
         kept = lambda part: [x for x in part if not is_grid(name(x))]
         return kept(old[:at]) + new + kept(old[at:])
 
