@@ -12,7 +12,10 @@ set(FLASHMSA_SM90_KERNELS "" CACHE STRING
     "Regular expression selecting the sm90 kernel instantiations to build (empty: all)")
 
 set(_attention_traits AttentionPrefillTraits AttentionDecode1Traits AttentionDecode1SelectTraits
-                      AttentionDecodeSpecTraits)
+                      AttentionDecodeSpecTraits AttentionDecode1TwoPerSmTraits
+                      AttentionDecode1TwoPerSmSelectTraits)
+# Traits for 16-bit caches only (the other caches' 1-row tiles are sized so anyway).
+set(_attention_traits_16_bit AttentionDecode1TwoPerSmTraits AttentionDecode1TwoPerSmSelectTraits)
 set(_index_traits IndexScorePrefillTraits IndexScoreDecodeTraits16 IndexScoreDecodeTraits64)
 set(_types __nv_bfloat16 __half)
 
@@ -24,6 +27,9 @@ foreach(traits IN LISTS _attention_traits)
       list(APPEND _entries "attention ${traits} kNative16 ${elem} ${q}")
     endforeach()
   endforeach()
+  if(traits IN_LIST _attention_traits_16_bit)
+    continue()
+  endif()
   foreach(format kE4m3 kE5m2 kNvfp4)  # widened caches compute in q's type
     foreach(elem IN LISTS _types)
       list(APPEND _entries "attention ${traits} ${format} ${elem} ${elem}")

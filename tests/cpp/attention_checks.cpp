@@ -266,6 +266,15 @@ void check_sparse_decode(const AttnCase& ac, const AttentionBackend& b, std::vec
   }
 }
 
+void check_sparse_decode_of_many_requests(const AttnCase& ac, const AttentionBackend& b) {
+  Config c;
+  c.kv_cache_dtype = ac.kv_dtype;
+  std::vector<std::int64_t> lens(40);
+  for (std::size_t i = 0; i < lens.size(); ++i) lens[i] = (1237 * i) % 6000 + i % 3;
+  Scenario s = make_decode(c, lens, 1, 90, ac.layout);
+  check_sparse_case(s, ac, b);
+}
+
 void check_adversarial_topk(const AttentionBackend& b) {
   const Config c;
   Scenario s = make_prefill(c, {{1000, 6}, {0, 3}}, 5);

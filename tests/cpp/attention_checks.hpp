@@ -70,6 +70,9 @@ void check_sparse_prefill(const AttnCase& c, const AttentionBackend& b, Config b
 // Decode (the given query lengths, padding rows) with the indexer's selection, against the oracle.
 void check_sparse_decode(const AttnCase& c, const AttentionBackend& b, std::vector<int> dqls,
                          Config base = {});
+// Decode (dql 1) of 40 requests (lengths 0 .. 6K, partial pages): on the GPU more 1-row tiles
+// (160) than an H100 / H200 has SMs, which 16-bit caches run two CTAs an SM.
+void check_sparse_decode_of_many_requests(const AttnCase& c, const AttentionBackend& b);
 // Hand-made top-k lists: -1, out-of-range, invisible and repeated ids, a block-table entry
 // outside the cache, a row with nothing valid; the cache is never written. Prefill, then decode
 // (dql 1 and 2, lists 40 wide) on bf16 and E4M3 caches.

@@ -68,42 +68,57 @@ __device__ __forceinline__ void load_raw_plane(const DevicePlane& src, const Dev
   }
 }
 
-// One warp's share of an 8- or 4-bit plane: the kRows token rows from token0 of (page, head), as a
-// raw plane of kRows tokens (raw_plane_bytes<kFormat, kRows>) in load_raw_plane's layout with row
-// token0 as row 0 (the fp8 swizzle depends on the row mod 8 and token0 is a multiple of 8).
-// Rows at or after `limit` (counted from token0) are zero-filled without being read.
+// One warp's share of a plane: the kRows token rows from token0 of (page, head), as a raw plane
+// of kRows tokens (raw_plane_bytes<kFormat, kRows>) in load_raw_plane's layout with row token0 as
+// row 0 (the swizzles depend on the row mod 8 and token0 is a multiple of 8). Rows at or after
+// `limit` (counted from token0) are zero-filled without being read.
 template <int kRows, KvFormat kFormat>
 __device__ __forceinline__ void load_raw_rows_warp(const DevicePlane& src,
                                                    const DevicePlane& scales, std::int64_t page,
                                                    int head, int token0, int limit, std::byte* dst,
                                                    int lane) {
-  static_assert(kFormat != KvFormat::kNative16 && kRows % 8 == 0);
-  constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
-  constexpr int kPassTokens = 32 / kChunks;  // the rows one pass of the warp copies
-  static_assert(kRows % kPassTokens == 0 && 8 % kPassTokens == 0);
-  // Lane-fixed token and chunk, one 64-bit source pointer advanced a pass at a time: the loop of a
-  // decode kernel re-derives these every page (its registers are spent on the MMAs), so the
-  // per-pass part is kept to a pointer add, a compare and the copy.
-  const int lane_token = lane / kChunks, chunk = lane % kChunks;
-  const std::byte* from = src.row(page, head, token0 + lane_token) + chunk * 16;
-  const std::int64_t pass_stride = kPassTokens * src.token_stride;
+  static_assert(kRows % 8 == 0);
+  if constexpr (kFormat == KvFormat::kNative16) {
+    // Two rows a pass; each lane keeps one 16-byte column (the swizzled MMA tile's chunk).
+    const int lane_token = lane / kRowChunks, chunk = lane % kRowChunks;
+    const std::byte* from = src.row(page, head, token0 + lane_token) + chunk * 16;
+    const std::int64_t pass_stride = 2 * src.token_stride;
 #pragma unroll
-  for (int r = 0; r < kRows / kPassTokens; ++r) {
-    const int token = lane_token + r * kPassTokens;
-    // The fp8 swizzle depends on token % 8 = lane_token + (r kPassTokens) % 8 (lane_token <
-    // kPassTokens, which divides 8): two lane values, the rest is a constant offset.
-    const int in_eight = (r * kPassTokens) % 8;
-    const int at = kFormat == KvFormat::kNvfp4 ? lane + 32 * r
-                                               : swizzled_byte_chunk(lane_token + in_eight, chunk) +
-                                                     (r * kPassTokens - in_eight) * kByteRowChunks;
-    cp_async_16_or_zero(dst + at * 16, from, token < limit);
-    from += pass_stride;
-  }
-  if constexpr (kFormat == KvFormat::kNvfp4) {
-    static_assert(kRows <= 32);
-    if (lane < kRows) {
-      cp_async_8_or_zero(dst + kRows * 64 + lane * 8,
-                         scales.row(page, head, token0) + lane * scales.token_stride, lane < limit);
+    for (int r = 0; r < kRows / 2; ++r) {
+      const int token = lane_token + 2 * r;
+      cp_async_16_or_zero(dst + swizzled_chunk(token, chunk) * 16, from, token < limit);
+      from += pass_stride;
+    }
+  } else {
+    constexpr int kChunks = kFormat == KvFormat::kNvfp4 ? 4 : kByteRowChunks;  // 16-byte pieces
+    constexpr int kPassTokens = 32 / kChunks;  // the rows one pass of the warp copies
+    static_assert(kRows % kPassTokens == 0 && 8 % kPassTokens == 0);
+    // Lane-fixed token and chunk, one 64-bit source pointer advanced a pass at a time: the loop of
+    // a decode kernel re-derives these every page (its registers are spent on the MMAs), so the
+    // per-pass part is kept to a pointer add, a compare and the copy.
+    const int lane_token = lane / kChunks, chunk = lane % kChunks;
+    const std::byte* from = src.row(page, head, token0 + lane_token) + chunk * 16;
+    const std::int64_t pass_stride = kPassTokens * src.token_stride;
+#pragma unroll
+    for (int r = 0; r < kRows / kPassTokens; ++r) {
+      const int token = lane_token + r * kPassTokens;
+      // The fp8 swizzle depends on token % 8 = lane_token + (r kPassTokens) % 8 (lane_token <
+      // kPassTokens, which divides 8): two lane values, the rest is a constant offset.
+      const int in_eight = (r * kPassTokens) % 8;
+      const int at = kFormat == KvFormat::kNvfp4
+                         ? lane + 32 * r
+                         : swizzled_byte_chunk(lane_token + in_eight, chunk) +
+                               (r * kPassTokens - in_eight) * kByteRowChunks;
+      cp_async_16_or_zero(dst + at * 16, from, token < limit);
+      from += pass_stride;
+    }
+    if constexpr (kFormat == KvFormat::kNvfp4) {
+      static_assert(kRows <= 32);
+      if (lane < kRows) {
+        cp_async_8_or_zero(dst + kRows * 64 + lane * 8,
+                           scales.row(page, head, token0) + lane * scales.token_stride,
+                           lane < limit);
+      }
     }
   }
 }

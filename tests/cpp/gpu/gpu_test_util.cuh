@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "flashmsa/error.hpp"
@@ -75,18 +76,25 @@ class CapturedGraph {
     FLASHMSA_CHECK_CUDA(cudaStreamSynchronize(stream_));
   }
   // How many kernels one replay launches (which path an op took, seen from outside).
-  int kernel_nodes() const {
+  int kernel_nodes() const { return static_cast<int>(kernel_names().size()); }
+  // The (mangled) names of the kernels one replay launches (which kernel an op chose).
+  std::vector<std::string> kernel_names() const {
     size_t n = 0;
     FLASHMSA_CHECK_CUDA(cudaGraphGetNodes(graph_, nullptr, &n));
     std::vector<cudaGraphNode_t> nodes(n);
     FLASHMSA_CHECK_CUDA(cudaGraphGetNodes(graph_, nodes.data(), &n));
-    int kernels = 0;
+    std::vector<std::string> names;
     for (cudaGraphNode_t node : nodes) {
       cudaGraphNodeType type;
       FLASHMSA_CHECK_CUDA(cudaGraphNodeGetType(node, &type));
-      kernels += type == cudaGraphNodeTypeKernel;
+      if (type != cudaGraphNodeTypeKernel) continue;
+      cudaKernelNodeParams params;
+      FLASHMSA_CHECK_CUDA(cudaGraphKernelNodeGetParams(node, &params));
+      const char* name = nullptr;
+      FLASHMSA_CHECK_CUDA(cudaFuncGetName(&name, params.func));
+      names.emplace_back(name);
     }
-    return kernels;
+    return names;
   }
 
  private:

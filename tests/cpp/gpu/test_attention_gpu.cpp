@@ -6,7 +6,9 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "flashmsa/error.hpp"
@@ -39,6 +41,11 @@ TEST_P(AttentionGpu, SparsePrefillMatchesOracle) {
 TEST_P(AttentionGpu, SparseDecodeWithPaddingMatchesOracle) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   test::check_sparse_decode(GetParam(), gpu_for(GetParam()), {1, 2, 3, 4, 16});
+}
+
+TEST_P(AttentionGpu, SparseDecodeOfMoreTilesThanSmsMatchesOracle) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  test::check_sparse_decode_of_many_requests(GetParam(), gpu_for(GetParam()));
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypesAndLayouts, AttentionGpu,
@@ -219,18 +226,31 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     std::vector<std::int64_t> lens;
     bool score_order;
     bool attention_selects;  // else the step falls back to the two ops
+    // A substring of the attention kernel's mangled name both paths must launch, if any.
+    const char* attention_traits = nullptr;
   };
   const std::vector<std::int64_t> four = {3000, 700, 0, 40000};
   // More attention CTAs than two an SM (the top-k kernel selects): 280 > 2 x 132.
   std::vector<std::int64_t> seventy(70);
   for (std::size_t i = 0; i < seventy.size(); ++i) seventy[i] = 100 + 97 * i;
+  // 16-bit caches: more 1-row tiles (160) than SMs take the two-CTAs-an-SM kernels
+  // (AttentionDecode1TwoPerSm{,Select}Traits: AttentionTraits<1, 8, 3, true, *, true>), which
+  // select at up to two CTAs an SM (160) and read the top-k kernel's lists beyond (280).
+  std::vector<std::int64_t> forty(40);
+  for (std::size_t i = 0; i < forty.size(); ++i) forty[i] = (1237 * i) % 6000 + i % 3;
+  constexpr const char* kTwoPerSmSelect = "AttentionTraitsILi1ELi8ELi3ELb1ELb1ELb1E";
+  constexpr const char* kTwoPerSmLists = "AttentionTraitsILi1ELi8ELi3ELb1ELb0ELb1E";
+
   // bf16 dql 4 over 9 requests takes 4-row tiles (attention_decode_tile_rows): a fallback too.
   for (const Case& c :
        {Case{DType::kBf16, 1, four, false, true}, Case{DType::kBf16, 2, four, true, true},
         Case{DType::kFp8E4m3, 1, four, false, true}, Case{DType::kFp8E4m3, 3, four, false, true},
         Case{DType::kNvfp4, 1, four, true, true},
         Case{DType::kBf16, 4, {900, 0, 5000, 300, 2600, 128, 1, 7000, 40}, false, false},
-        Case{DType::kFp8E4m3, 1, seventy, false, false}}) {
+        Case{DType::kFp8E4m3, 1, seventy, false, false},
+        Case{DType::kBf16, 1, forty, false, true, kTwoPerSmSelect},
+        Case{DType::kFp16, 1, forty, true, true, kTwoPerSmSelect},
+        Case{DType::kBf16, 1, seventy, false, false, kTwoPerSmLists}}) {
     SCOPED_TRACE(::testing::Message()
                  << to_string(c.kv) << ", dql " << c.dql << ", " << c.lens.size() << " requests");
     Config config;
@@ -309,12 +329,23 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
       step(options);
     });
     EXPECT_EQ(one_step.kernel_nodes(), two_ops.kernel_nodes() - (c.attention_selects ? 1 : 0));
+    if (c.attention_traits) {
+      const auto launches = [&](const test::CapturedGraph& g, const char* traits) {
+        const std::vector<std::string> names = g.kernel_names();
+        return std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+          return name.find(traits) != std::string::npos;
+        });
+      };
+      EXPECT_TRUE(launches(one_step, c.attention_traits)) << c.attention_traits;
+      EXPECT_TRUE(launches(two_ops, kTwoPerSmLists)) << kTwoPerSmLists;
+    }
     m.download();
     EXPECT_EQ(topk[1], topk[0]);
     EXPECT_EQ(0, std::memcmp(scores[1].data(), scores[0].data(), scores[0].size() * 4));
     EXPECT_EQ(out[1], out[0]);
     EXPECT_EQ(0, std::memcmp(lse[1].data(), lse[0].data(), lse[0].size() * 4));
-    test::check_attention_output(s, topk[1], k, DType::kBf16, out[1], lse[1], DType::kBf16);
+    test::check_attention_output(s, topk[1], k, DType::kBf16, out[1], lse[1],
+                                 c.kv == DType::kFp16 ? DType::kFp16 : DType::kBf16);
   }
 }
 

@@ -203,25 +203,66 @@ const detail::DecodeClusterWave& decode_cluster_wave(DType cache, DType q) {
   return it->second;
 }
 
+// The decode kernels (attention_traits.hpp), one per traits.
+enum class DecodeKernel { kFourRow, kOneRow, kOneRowSelect, kTwoPerSm, kTwoPerSmSelect };
+
+// Returns f.template operator()<Traits>() for the kernel's traits.
+template <class F>
+decltype(auto) with_decode_traits(DecodeKernel kernel, F&& f) {
+  switch (kernel) {
+    case DecodeKernel::kFourRow: return f.template operator()<AttentionDecodeSpecTraits>();
+    case DecodeKernel::kOneRow: return f.template operator()<AttentionDecode1Traits>();
+    case DecodeKernel::kOneRowSelect: return f.template operator()<AttentionDecode1SelectTraits>();
+    case DecodeKernel::kTwoPerSm: return f.template operator()<AttentionDecode1TwoPerSmTraits>();
+    case DecodeKernel::kTwoPerSmSelect:
+      return f.template operator()<AttentionDecode1TwoPerSmSelectTraits>();
+  }
+  throw Error(ErrorKind::kInternal, "unknown decode kernel");
+}
+
+bool selects(DecodeKernel kernel) {
+  return kernel == DecodeKernel::kOneRowSelect || kernel == DecodeKernel::kTwoPerSmSelect;
+}
+
 // A decode batch's grid: row tiles of `tile_rows` rows, one CTA per (request's tile, kv head,
-// split); the splits from the cluster wave of the kernel that runs it (`selects`: the 1-row tile
-// that makes its own selection).
+// split), run by `kernel`; the splits from that kernel's cluster wave. `select`: the 1-row tile
+// that makes its own selection, where this build has it.
 struct DecodeGrid {
   std::int64_t tile_rows, splits;
+  DecodeKernel kernel;
   dim3 grid;
 };
 DecodeGrid decode_grid(std::int64_t num_requests, int dql, std::int64_t hkv,
-                       std::int64_t topk_width, DType cache, DType q, bool selects) {
+                       std::int64_t topk_width, DType cache, DType q, bool select) {
   const bool register_tiles = decode_register_tiles(cache, q);
   const std::int64_t tile_rows =
       detail::attention_decode_tile_rows(num_requests, dql, hkv, register_tiles);
+  const std::int64_t tiles = num_requests * ceil_div(dql, tile_rows) * hkv;
+  DecodeKernel kernel = DecodeKernel::kFourRow;
+  if (tile_rows == 1) {
+    // 16-bit caches: one CTA an SM keeps 3 whole pages in flight (the latency of small batches),
+    // but more tiles than SMs would run a second wave of them, each CTA's selection, first page
+    // and epilogue exposed twice (H200, bf16 64 x 32K: 2 x ~37 us): the two-CTAs-an-SM kernel.
+    const bool two_per_sm = (cache == DType::kBf16 || cache == DType::kFp16) &&
+                            tiles > sm_count() &&
+                            attention_compiled<AttentionDecode1TwoPerSmTraits>(cache, q);
+    kernel = two_per_sm ? DecodeKernel::kTwoPerSm : DecodeKernel::kOneRow;
+    if (select) {
+      const DecodeKernel selecting =
+          two_per_sm ? DecodeKernel::kTwoPerSmSelect : DecodeKernel::kOneRowSelect;
+      if (with_decode_traits(
+              selecting, [&]<class Traits>() { return attention_compiled<Traits>(cache, q); })) {
+        kernel = selecting;
+      }
+    }
+  }
   const detail::DecodeClusterWave& wave =
-      tile_rows > 1 ? decode_cluster_wave<AttentionDecodeSpecTraits>(cache, q)
-      : selects     ? decode_cluster_wave<AttentionDecode1SelectTraits>(cache, q)
-                    : decode_cluster_wave<AttentionDecode1Traits>(cache, q);
+      with_decode_traits(kernel, [&]<class Traits>() -> const detail::DecodeClusterWave& {
+        return decode_cluster_wave<Traits>(cache, q);
+      });
   const std::int64_t splits =
       detail::attention_decode_splits(num_requests, dql, hkv, topk_width, register_tiles, wave);
-  return {tile_rows, splits,
+  return {tile_rows, splits, kernel,
           dim3(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
                static_cast<unsigned>(hkv), static_cast<unsigned>(splits))};
 }
@@ -245,18 +286,13 @@ void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv
   p.rows.num_requests = static_cast<std::int32_t>(num_requests);
   p.rows.decode_query_len = dql;
   if (num_requests == 0) return;
-  const auto [tile_rows, splits, grid] =
+  const DecodeGrid d =
       decode_grid(num_requests, dql, hkv, p.topk_width, kv.dtype, q.dtype, select.has_value());
-  p.splits = static_cast<std::int32_t>(splits);
-  if (tile_rows == 1 && select) {
-    launch_attention<AttentionDecode1SelectTraits>(p, kv.dtype, q.dtype, grid, s);
-  } else if (tile_rows == 1) {
-    launch_attention<AttentionDecode1Traits>(p, kv.dtype, q.dtype, grid, s);
-  } else {
-    FLASHMSA_CHECK_KIND(ErrorKind::kInternal, !select,
-                        "a decode selection made in the attention needs 1-row tiles");
-    launch_attention<AttentionDecodeSpecTraits>(p, kv.dtype, q.dtype, grid, s);
-  }
+  FLASHMSA_CHECK_KIND(ErrorKind::kInternal, selects(d.kernel) == select.has_value(),
+                      "a decode selection made in the attention needs its selecting 1-row tiles");
+  p.splits = static_cast<std::int32_t>(d.splits);
+  with_decode_traits(
+      d.kernel, [&]<class Traits>() { launch_attention<Traits>(p, kv.dtype, q.dtype, d.grid, s); });
 }
 
 }  // namespace
@@ -290,20 +326,22 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
   // kernel pays it once (H200: fp8 64 x 32K dql 4, 1024 CTAs, 233 us against 231.7;
   // fp8 128 x 128K, 512 CTAs, 590-650 against 590). The indexer then launches no top-k kernel.
   // A build that left the selecting kernel out (FLASHMSA_SM90_KERNELS) runs the two ops.
-  const bool compiled = attention_compiled<AttentionDecode1SelectTraits>(kv.dtype, q.dtype);
   const DecodeGrid d = decode_grid(batch.seq_lens.shape[0], batch.decode_query_len,
                                    config.resolve_heads().num_key_value_heads,
-                                   config.sparse_topk_blocks, kv.dtype, q.dtype, compiled);
-  const bool one_row = d.tile_rows == 1;
+                                   config.sparse_topk_blocks, kv.dtype, q.dtype, true);
   const std::int64_t ctas = std::int64_t{d.grid.x} * d.grid.y * d.grid.z;
   const bool two_ctas_an_sm = ctas <= detail::kAttentionRegisterTileCtasPerSm * sm_count();
+  static_assert(
+      AttentionDecode1SelectTraits::kMaxTopk == AttentionDecode1TwoPerSmSelectTraits::kMaxTopk &&
+          AttentionDecode1SelectTraits::kThreads == AttentionDecode1TwoPerSmSelectTraits::kThreads,
+      "both selecting tiles take the same selections");
   const bool fits = config.sparse_topk_blocks <= AttentionDecode1SelectTraits::kMaxTopk &&
                     topk_select_smem_bytes<AttentionDecode1SelectTraits::kThreads>(
                         static_cast<int>(batch.block_table.shape[1])) <= kAttentionSelectSmem;
   const std::optional<IndexTopkParams> select =
       index_decode_run(config, index_q, index_cache, batch, index_out, stream,
-                       compiled && one_row && two_ctas_an_sm && fits ? DecodeSelection::kDeferred
-                                                                     : DecodeSelection::kHere);
+                       selects(d.kernel) && two_ctas_an_sm && fits ? DecodeSelection::kDeferred
+                                                                   : DecodeSelection::kHere);
   run_decode(config, q, kv, batch, select ? nullptr : &index_out.topk, select, out, stream);
 }
 

@@ -11,7 +11,9 @@
 // selections (neighbouring rows picking the same pages) share them. E4M3 / E5M2 / NVFP4 pages are
 // widened exactly to the 16-bit MMA type in shared memory; on 1-row tiles with bf16 queries each
 // warp streams only its own keys through a ring of its own and converts their K codes (and E4M3 /
-// E5M2 V codes) in registers (register_keys.cuh), NVFP4 values into a tile of its own.
+// E5M2 V codes) in registers (register_keys.cuh), NVFP4 values into a tile of its own; 1-row tiles
+// of 16-bit caches sized for two CTAs an SM (Traits::kTwoPerSm) stream their keys the same way, a
+// plane (K rows, then V rows) a stage.
 //
 // The epilogue merges the key parts of each row, then writes the final output (bf16 / fp16 /
 // fp32 / MXFP8 and the log-sum-exp). Decode with several splits runs the splits of a row tile as
@@ -57,6 +59,10 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   constexpr bool kWarpRings = attention_warp_rings<Traits, kFormat, Elem>();
   constexpr bool kRegisterV =
       kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  // Warp rings of 16-bit rows (AttentionDecode1TwoPerSmTraits) hold a plane a stage: a page is two
+  // ring entries, its K rows and then its V rows, so that V streams in while QK^T runs.
+  constexpr bool kPlaneStages = kWarpRings && attention_plane_stages<kFormat>();
+  constexpr int kEntriesPerPage = kPlaneStages ? 2 : 1;
   static_assert(!kWarpRings || Traits::kWarpKeys == Traits::kChunkKeys);
   static_assert(!Traits::kSelects ||
                     (Traits::kRows == 1 && attention_smem_bytes<Traits, kFormat, Elem>() -
@@ -226,7 +232,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   const int warp_row = warp / Traits::kKeySplit, key_part = warp % Traits::kKeySplit;
   // Entry e's page (K plane, then V plane) goes through the ring as its page e - begin; tokens
   // after the tile's last position are zero-filled, never read. kWarpRings: each warp's ring
-  // holds its own keys' K rows, then their V rows.
+  // holds its own keys' K rows, then their V rows; kPlaneStages: as ring pages 2 (e - begin)
+  // and 2 (e - begin) + 1.
   using Ring =
       CpAsyncPageRing<kStages, kStageBytes, kWarpRings ? RingScope::kWarp : RingScope::kCta>;
   // kWarpRings: each warp's share of the stages (attention_warp_region_bytes), its ring, then its
@@ -234,13 +241,20 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   std::byte* const ring_base =
       kWarpRings ? stages + warp * attention_warp_region_bytes<Traits, kFormat>() : stages;
   const Ring ring{ring_base};
-  auto fill = [&](int e) {
-    ring.fill(e - begin, [&](std::byte* stage) {
+  auto fill = [&](int slot) {  // the ring's page `slot`
+    ring.fill(slot, [&](std::byte* stage) {
+      const int e = begin + slot / kEntriesPerPage;
       if (e >= end) return;
       const std::int64_t page = entry_page(e);
       if (page < 0) return;
       const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
-      if constexpr (kWarpRings) {
+      if constexpr (kPlaneStages) {
+        const int token0 = key_part * Traits::kWarpKeys;
+        if (token0 >= limit) return;
+        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(slot % 2 == 0 ? p.k : p.v, p.k_scales, page,
+                                                       kv_head, token0, limit - token0, stage,
+                                                       lane);
+      } else if constexpr (kWarpRings) {
         const int token0 = key_part * Traits::kWarpKeys;
         if (token0 >= limit) return;  // none of this warp's keys is visible: nothing is read
         load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, p.k_scales, page, kv_head, token0,
@@ -255,7 +269,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       }
     });
   };
-  for (int s = 0; s < kStages - 1; ++s) fill(begin + s);
+  for (int s = 0; s < kStages - 1; ++s) fill(s);
 
   cp_async_wait<kStages - 1>();  // the queries' group (pages may still be in flight)
   __syncthreads();
@@ -265,7 +279,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   // f16 scaled by a power of two a head, for QK^T on f16 MMAs (one conversion a K code pair
   // instead of four), each head's scores multiplied back by its 2^-E with the softmax scale.
   __shared__ float q_restore[16];
-  if constexpr (kWarpRings)
+  if constexpr (kWarpRings && kWiden)
     permute_query_tile<Traits::kThreads, kFormat>(q_tile, kRegisterV ? q_restore : nullptr);
   float score_scale[2];  // the rows lane / 4 and lane / 4 + 8 (finite: 0 x scale stays 0)
 #pragma unroll
@@ -289,20 +303,35 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
   for (int e = begin; e < end; ++e) {
-    ring.wait(e - begin);
+    const int slot = kEntriesPerPage * (e - begin);  // the ring page of e's K plane
+    ring.wait(slot);
     if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
-    fill(e + kStages - 1);
-    const std::byte* tiles = ring.stage(e - begin);
+    fill(slot + kStages - 1);
+    // kPlaneStages: the V plane's ring page, waited for (and its stage's refill issued) once
+    // QK^T is done with the K stage, which that refill takes; on every path through the page.
+    bool v_plane_waited = false;
+    auto wait_v_plane = [&] {
+      if constexpr (kPlaneStages) {
+        if (!v_plane_waited) {
+          ring.wait(slot + 1);
+          fill(slot + kStages);
+          v_plane_waited = true;
+        }
+      }
+    };
+    const std::byte* tiles = ring.stage(slot);
     const std::int64_t first_key = entry_block(e) * 128;
-    // kWarpRings: the stage holds this warp's keys only (from raw_key0), K rows then V rows, and
-    // so does its widened V tile.
+    // kWarpRings: the stage holds this warp's keys only (from raw_key0), K rows then V rows (or
+    // kPlaneStages: one of them), and so does its widened V tile.
     const int raw_key0 = kWarpRings ? key_part * Traits::kWarpKeys : 0;
     const std::byte* k_raw = tiles;
-    const std::byte* v_raw = tiles + raw_plane_bytes<kFormat, Traits::kWarpKeys>();
-    const std::byte* k_tile = tiles;  // the 16-bit tiles (not kWarpRings)
-    const std::byte* v_tile = tiles + 128 * 256;
-    if constexpr (kRegisterV) {
-      // Nothing to widen: the warp converts its keys' K and V codes in registers.
+    const std::byte* v_raw =
+        kPlaneStages ? ring.stage(slot + 1) : tiles + raw_plane_bytes<kFormat, Traits::kWarpKeys>();
+    const std::byte* k_tile = tiles;  // the 16-bit tiles (not kWarpRings, or kPlaneStages)
+    const std::byte* v_tile = kPlaneStages ? v_raw : tiles + 128 * 256;
+    if constexpr (kRegisterV || kPlaneStages) {
+      // Nothing to widen: the warp converts its keys' K and V codes in registers, or its 16-bit
+      // rows are the MMA tiles.
     } else if constexpr (kWarpRings) {
       if (first_key + raw_key0 <= my_pos) {  // the ring wait's warp barrier freed the tile
         widen_planes<32, kFormat, Elem, 1, Traits::kWarpKeys, kNvfp4ScaledDown>(
@@ -318,7 +347,10 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       k_tile = widened;
       v_tile = widened + 128 * 256;
     }
-    if (!((entry_mask(e) >> warp_row) & 1u)) continue;
+    if (!((entry_mask(e) >> warp_row) & 1u)) {
+      wait_v_plane();
+      continue;
+    }
 #pragma unroll 1
     for (int kc = 0; kc < Traits::kWarpKeys / Traits::kChunkKeys; ++kc) {
       const int key0 = key_part * Traits::kWarpKeys + kc * Traits::kChunkKeys;
@@ -329,7 +361,15 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       for (auto& n : scores[0]) {
         for (float& x : n) x = 0.0f;
       }
-      if constexpr (kWarpRings) {
+      if constexpr (kPlaneStages) {
+        // The row's queries read at each step (as kWarpRings do: registers for two CTAs an SM).
+#pragma unroll
+        for (int ks = 0; ks < 8; ++ks) {
+          std::uint32_t a[1][4];
+          load_a_fragment(a[0], q_tile, 0, ks, lane);
+          qk_step<Elem, 1, kNT>(scores, a, k_tile, key0 - raw_key0, ks, lane);
+        }
+      } else if constexpr (kWarpRings) {
         const auto q = [&](int step, std::uint32_t(&a)[1][4]) {
           load_a_fragment(a[0], q_tile, 0, step, lane);
         };
@@ -385,6 +425,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
           o[nt][2] *= alpha[1], o[nt][3] *= alpha[1];
         }
       }
+      wait_v_plane();
 #pragma unroll
       for (int kk = 0; kk < kNT / 2; ++kk) {
         const std::uint32_t a[4] = {pack2<PvElem>(s[2 * kk][0], s[2 * kk][1]),
@@ -408,6 +449,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         }
       }
     }
+    wait_v_plane();  // (a warp none of whose keys the row sees)
   }
   allow_next_kernel();  // the step's next kernel launches during the epilogue
   ring.drain();

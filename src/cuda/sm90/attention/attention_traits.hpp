@@ -12,7 +12,7 @@
 namespace flashmsa::cuda {
 
 template <int kRows_, int kKeySplit_, int kBf16Stages_, bool kClusterSplits_,
-          bool kSelects_ = false>
+          bool kSelects_ = false, bool kTwoPerSm_ = false>
 struct AttentionTraits {
   static constexpr int kRows = kRows_;          // query rows per CTA: one per warp row
   static constexpr int kKeySplit = kKeySplit_;  // warps sharing a row, each with a key part
@@ -22,6 +22,10 @@ struct AttentionTraits {
   // (AttentionParams::select) instead of reading a top-k list. A kernel of its own: the selection
   // code inside the list-reading kernels measurably slowed their page loop (schedules differ).
   static constexpr bool kSelects = kSelects_;
+  // 1-row tiles of 16-bit caches sized for two CTAs an SM (attention_warp_rings): for grids of
+  // more tiles than one wave of one-CTA-an-SM tiles holds (1-row tiles of the other caches are
+  // sized so anyway).
+  static constexpr bool kTwoPerSm = kTwoPerSm_;
   // Ring stages for bf16 pages; smaller pages get more (attention_stages).
   static constexpr int kBf16Stages = kBf16Stages_;
   static constexpr int kWarps = kRows * kKeySplit, kThreads = 32 * kWarps;
@@ -42,6 +46,12 @@ using AttentionDecode1Traits = AttentionTraits<1, 8, 3, true>;
 // Decode, dql = 1, the decode step in one call (sparse_decode_step): the 1-row tile that makes
 // its row's selection before its pages.
 using AttentionDecode1SelectTraits = AttentionTraits<1, 8, 3, true, true>;
+// The same two for 16-bit caches in grids of more tiles than the two above run in one wave: two
+// CTAs an SM, each warp streaming its keys' K rows and V rows through a ring of its own, a plane a
+// stage (a 16-bit page is 64 KB: 1.5 pages in flight a CTA instead of the 3 whole pages of one CTA
+// an SM, so that a second CTA's pages stream while one CTA selects, starts or ends).
+using AttentionDecode1TwoPerSmTraits = AttentionTraits<1, 8, 3, true, false, true>;
+using AttentionDecode1TwoPerSmSelectTraits = AttentionTraits<1, 8, 3, true, true, true>;
 // Decode, dql >= 2: tiles of 4 rows (speculative tokens share their request's pages), two warps
 // per row.
 using AttentionDecodeSpecTraits = AttentionTraits<4, 2, 3, true>;
@@ -59,16 +69,28 @@ constexpr int attention_query_and_union_bytes() {
 // 1-row tiles (decode) of an E4M3 / E5M2 / NVFP4 cache with bf16 queries convert K (and E4M3 /
 // E5M2 V) in registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp
 // streams them through a ring of its own (no CTA barrier a page); NVFP4 values are widened by the
-// warp into a 16-bit tile of its own.
+// warp into a 16-bit tile of its own. kTwoPerSm tiles of a 16-bit cache stream their own keys the
+// same way (nothing to convert), a plane a stage.
 template <class Traits, KvFormat kFormat, class Elem>
 constexpr bool attention_warp_rings() {
-  return Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16> &&
-         kFormat != KvFormat::kNative16;
+  if constexpr (kFormat == KvFormat::kNative16) {
+    return Traits::kRows == 1 && Traits::kTwoPerSm;
+  } else {
+    return Traits::kRows == 1 && std::is_same_v<Elem, __nv_bfloat16>;
+  }
 }
-// A warp ring's stage: the warp's keys' K rows, then their V rows (raw planes of kWarpKeys tokens).
+// Whether a warp ring's stage holds one plane (K rows or V rows) of the warp's keys instead of
+// both: 16-bit rows, which make 8 KB a warp a page.
+template <KvFormat kFormat>
+constexpr bool attention_plane_stages() {
+  return kFormat == KvFormat::kNative16;
+}
+// A warp ring's stage: the warp's keys' K rows, then their V rows (raw planes of kWarpKeys tokens);
+// one of the two for attention_plane_stages.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_stage_bytes() {
-  return 2 * raw_plane_bytes<kFormat, Traits::kWarpKeys>();
+  return (attention_plane_stages<kFormat>() ? 1 : 2) *
+         raw_plane_bytes<kFormat, Traits::kWarpKeys>();
 }
 // A warp's own widened V tile (NVFP4 only).
 template <class Traits, KvFormat kFormat>
@@ -85,7 +107,8 @@ constexpr int attention_ctas_per_sm() {
 }
 // Stages of each warp's ring: what fits beside the queries, the union lists and the widened tile
 // with two CTAs an SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared
-// memory). The decode traits' 8 warps of 16 keys: 3 fp8 stages of 4 KB, 4 NVFP4 ones of 2.25 KB.
+// memory). The decode traits' 8 warps of 16 keys: 3 fp8 stages of 4 KB, 4 NVFP4 ones of 2.25 KB,
+// 3 16-bit plane stages of 4 KB.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_ring_stages() {
   constexpr int kPerCta =
