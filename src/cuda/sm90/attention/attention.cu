@@ -224,11 +224,11 @@ bool selects(DecodeKernel kernel) {
   return kernel == DecodeKernel::kOneRowSelect || kernel == DecodeKernel::kTwoPerSmSelect;
 }
 
-// A decode batch's grid: row tiles of `tile_rows` rows, one CTA per (request's tile, kv head,
-// split), run by `kernel`; the splits from that kernel's cluster wave. `select`: the 1-row tile
-// that makes its own selection, where this build has it.
+// A decode batch's grid: row tiles (attention_decode_tile_rows), one CTA per (request's tile, kv
+// head, split), run by `kernel`; the splits from that kernel's cluster wave. `select`: the 1-row
+// tile that makes its own selection, where this build has it.
 struct DecodeGrid {
-  std::int64_t tile_rows, splits;
+  std::int64_t splits;
   DecodeKernel kernel;
   dim3 grid;
 };
@@ -262,7 +262,7 @@ DecodeGrid decode_grid(std::int64_t num_requests, int dql, std::int64_t hkv,
       });
   const std::int64_t splits =
       detail::attention_decode_splits(num_requests, dql, hkv, topk_width, register_tiles, wave);
-  return {tile_rows, splits, kernel,
+  return {splits, kernel,
           dim3(static_cast<unsigned>(num_requests * ceil_div(dql, tile_rows)),
                static_cast<unsigned>(hkv), static_cast<unsigned>(splits))};
 }
