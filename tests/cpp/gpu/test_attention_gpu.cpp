@@ -226,14 +226,15 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     std::vector<std::int64_t> lens;
     bool score_order;
     bool attention_selects;  // else the step falls back to the two ops
-    // A substring of the attention kernel's mangled name both paths must launch, if any.
+    // If set, a substring of the mangled name of the attention kernel the step must launch (the
+    // two ops then launch the list-reading two-per-SM kernel).
     const char* attention_traits = nullptr;
   };
   const std::vector<std::int64_t> four = {3000, 700, 0, 40000};
   // More attention CTAs than two an SM (the top-k kernel selects): 280 > 2 x 132.
   std::vector<std::int64_t> seventy(70);
   for (std::size_t i = 0; i < seventy.size(); ++i) seventy[i] = 100 + 97 * i;
-  // 16-bit caches: more 1-row tiles (160) than SMs take the two-CTAs-an-SM kernels
+  // 16-bit caches: more 1-row tiles (160) than SMs (H100 / H200) take the two-CTAs-an-SM kernels
   // (AttentionDecode1TwoPerSm{,Select}Traits: AttentionTraits<1, 8, 3, true, *, true>), which
   // select at up to two CTAs an SM (160) and read the top-k kernel's lists beyond (280).
   std::vector<std::int64_t> forty(40);
