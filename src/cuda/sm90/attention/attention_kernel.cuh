@@ -248,20 +248,20 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       const std::int64_t page = entry_page(e);
       if (page < 0) return;
       const int limit = static_cast<int>(min64(128, last_pos - entry_block(e) * 128 + 1));
-      if constexpr (kPlaneStages) {
+      if constexpr (kWarpRings) {
         const int token0 = key_part * Traits::kWarpKeys;
-        if (token0 >= limit) return;
-        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(slot % 2 == 0 ? p.k : p.v, p.k_scales, page,
-                                                       kv_head, token0, limit - token0, stage,
-                                                       lane);
-      } else if constexpr (kWarpRings) {
-        const int token0 = key_part * Traits::kWarpKeys;
-        if (token0 >= limit) return;  // none of this warp's keys is visible: nothing is read
-        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, p.k_scales, page, kv_head, token0,
-                                                       limit - token0, stage, lane);
-        load_raw_rows_warp<Traits::kWarpKeys, kFormat>(
-            p.v, p.v_scales, page, kv_head, token0, limit - token0,
-            stage + raw_plane_bytes<kFormat, Traits::kWarpKeys>(), lane);
+        if (token0 >= limit) return;   // none of this warp's keys is visible: nothing is read
+        if constexpr (kPlaneStages) {  // the page's K plane, or (odd slots) its V plane
+          load_raw_rows_warp<Traits::kWarpKeys, kFormat>(slot % 2 == 0 ? p.k : p.v, p.k_scales,
+                                                         page, kv_head, token0, limit - token0,
+                                                         stage, lane);
+        } else {
+          load_raw_rows_warp<Traits::kWarpKeys, kFormat>(p.k, p.k_scales, page, kv_head, token0,
+                                                         limit - token0, stage, lane);
+          load_raw_rows_warp<Traits::kWarpKeys, kFormat>(
+              p.v, p.v_scales, page, kv_head, token0, limit - token0,
+              stage + raw_plane_bytes<kFormat, Traits::kWarpKeys>(), lane);
+        }
       } else {
         load_raw_plane<Traits::kThreads, kFormat>(p.k, p.k_scales, page, kv_head, limit, stage);
         load_raw_plane<Traits::kThreads, kFormat>(p.v, p.v_scales, page, kv_head, limit,
