@@ -290,6 +290,8 @@ void run_decode(const Config& config, const TensorView& q, const KvCacheView& kv
       decode_grid(num_requests, dql, hkv, p.topk_width, kv.dtype, q.dtype, select.has_value());
   FLASHMSA_CHECK_KIND(ErrorKind::kInternal, selects(d.kernel) == select.has_value(),
                       "a decode selection made in the attention needs its selecting 1-row tiles");
+  FLASHMSA_CHECK_KIND(ErrorKind::kInternal, topk != nullptr || select.has_value(),
+                      "the decode tiles read top-k lists or select (they have no dense path)");
   p.splits = static_cast<std::int32_t>(d.splits);
   with_decode_traits(
       d.kernel, [&]<class Traits>() { launch_attention<Traits>(p, kv.dtype, q.dtype, d.grid, s); });

@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
       union_mask[offset] = 1u;
     }
     __syncthreads();
-  } else if (p.topk == nullptr) {
+  } else if (!Traits::kClusterSplits && p.topk == nullptr) {
     num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
   } else {
     using Scan = cub::BlockScan<int, Traits::kThreads>;
@@ -214,7 +214,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   phase_stamp(p.clock, 1);  // the union is built
   // Dense entries: the rows whose position reaches the block, if the table has its page.
   // Listed (a selection, made or read) or dense; tested where used, as the schedules prefer.
-  auto listed = [&] { return Traits::kSelects || p.topk != nullptr; };
+  // Decode tiles are always listed (the decode op reads top-k lists or selects): no dense code.
+  auto listed = [&] { return Traits::kSelects || Traits::kClusterSplits || p.topk != nullptr; };
   auto entry_page = [&](int e) -> std::int64_t { return listed() ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return listed() ? union_block[e] : e; };
   auto entry_mask = [&](int e) -> std::uint32_t {
