@@ -119,6 +119,24 @@ __device__ __forceinline__ std::uint32_t pack2(float lo, float hi) {
   }
 }
 
+// The largest finite magnitude of the bf16 vector that 16 consecutive lanes hold, 8 elements a
+// lane packed in pairs (element 2i in the low half), as a float's bits (bf16 << 16: magnitudes
+// order as integers), 0 where none is finite and non-zero; every lane of the 16 gets it. The
+// power-of-two scalings of query vectors (permute_query_tile, the NVFP4 index scoring) start here.
+__device__ __forceinline__ std::uint32_t largest_finite_magnitude_16_lanes(const uint4& pairs) {
+  const std::uint32_t words[4] = {pairs.x, pairs.y, pairs.z, pairs.w};
+  std::uint32_t largest = 0;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    const std::uint32_t magnitude = (words[e / 2] << (e % 2 == 0 ? 16 : 0)) & 0x7FFF0000u;
+    if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
+  }
+#pragma unroll
+  for (int offset = 1; offset < 16; offset *= 2)
+    largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  return largest;
+}
+
 // ---- Selection order (spec section 4) -------------------------------------------------------
 // The rank key of a score: NaN ranks as -1e30, -0.0 equals +0.0.
 __device__ __forceinline__ float rank_key(float s) {

@@ -124,15 +124,8 @@ __device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr
   }
   if (f16_restore != nullptr) {
     // The row's 16 threads are 16 consecutive lanes of one warp.
-    std::uint32_t largest = 0;  // bits of the largest finite magnitude (ordered as integers)
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const std::uint32_t magnitude = (w[j / 2] << (j % 2 == 0 ? 16 : 0)) & 0x7FFF0000u;
-      if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
-    }
-#pragma unroll
-    for (int offset = 1; offset < 16; offset *= 2)
-      largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+    const std::uint32_t largest =
+        largest_finite_magnitude_16_lanes(make_uint4(w[0], w[1], w[2], w[3]));
     const int e = min(126, 142 - static_cast<int>(largest >> 23));  // 15 - (exponent - 127)
     const float scale = __uint_as_float(static_cast<std::uint32_t>(e + 127) << 23);
 #pragma unroll

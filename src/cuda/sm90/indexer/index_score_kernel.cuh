@@ -168,15 +168,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         // the register-widened keys hold it at. A vector's chunks are 16 consecutive lanes.
         static_assert(kRowChunks == 16 && Traits::kVectors * kRowChunks % Traits::kThreads == 0);
         const auto* dims = reinterpret_cast<const std::uint16_t*>(&value);
-        std::uint32_t largest = 0;  // bits of the largest finite magnitude (ordered as integers)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const std::uint32_t magnitude = (std::uint32_t{dims[e]} << 16) & 0x7FFF0000u;
-          if (magnitude < 0x7F800000u) largest = max(largest, magnitude);
-        }
-#pragma unroll
-        for (int offset = 1; offset < 16; offset *= 2)
-          largest = max(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+        const std::uint32_t largest = largest_finite_magnitude_16_lanes(value);
         // E in [-126, 126]: 2^E and 2^-E are normal floats. x 2^E x 2^63 is exact but for
         // elements more than 2^141 below the largest (x 2^E rounds on fp32's subnormal grid).
         const int power = max(-126, min(126, 127 - static_cast<int>(largest >> 23)));
