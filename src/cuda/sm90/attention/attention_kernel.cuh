@@ -303,10 +303,15 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   }
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
 
+  // The queries and the first page have landed: stamped before the page loop, whose every page
+  // paid the stamp's test inside it (the compiler evaluates it ahead of the branch).
+  if (begin < end) {
+    ring.wait(0);
+    phase_stamp(p.clock, 2);
+  }
   for (int e = begin; e < end; ++e) {
     const int slot = kEntriesPerPage * (e - begin);  // the ring page of e's K plane
     ring.wait(slot);
-    if (e == begin) phase_stamp(p.clock, 2);  // the queries and the first page have landed
     fill(slot + kStages - 1);
     // kPlaneStages: the V plane's ring page, waited for (and its stage's refill issued) once
     // QK^T is done with the K stage, which that refill takes; on every path through the page.

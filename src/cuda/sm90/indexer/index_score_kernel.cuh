@@ -237,9 +237,24 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   };
 
+  // Vector v's row, v / hidx: the page loop divided every page. On the decode tiles it is
+  // (v x row_magic) >> 24, exact for v, hidx <= 256 (rounding row_magic up adds less than
+  // v x hidx < 2^16 to v x 2^24 / hidx); the prefill tile keeps the division (the magic's register
+  // made its E4M3 instance spill).
+  static_assert(Traits::kVectors <= 256);
+  const std::uint32_t row_magic = ((1u << 24) + hidx - 1) / hidx;
+  auto row_of_vector = [&](int v) -> int {
+    if constexpr (Traits::kWarpsM == 1) {
+      return static_cast<int>(static_cast<std::uint32_t>(v) * row_magic >> 24);
+    } else {
+      return v / hidx;
+    }
+  };
+  // The first page has landed: stamped before the page loop (as in the attention).
+  ring.wait(0);
+  phase_stamp(p.clock, 1);
   for (int i = 0; i < num_blocks; ++i) {
     ring.wait(i);
-    if (i == 0) phase_stamp(p.clock, 1);  // the first page has landed
     fill(i + Traits::kStages - 1);
     const std::int64_t block = block_begin + i;
     const bool page_ok = split_page(i) >= 0;
@@ -321,7 +336,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int v = warp_m * Traits::kWarpRows + mt * 16 + lane / 4 + 8 * half;
-        const std::int64_t pos = tile.pos + v / hidx;
+        const std::int64_t pos = tile.pos + row_of_vector(v);
         // Decode tiles: the row's last visible key of the page as a 32-bit bound, one compare a
         // key (on the prefill tile the bound made the E4M3 instance spill).
         const int last_key =
