@@ -210,12 +210,25 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
     }
   }
+  // Vector v's row, v / hidx: the page loop divided every page (and every group's store). On the
+  // decode tiles it is (v x row_magic) >> 24, exact for v, hidx <= 256 (rounding row_magic up
+  // adds less than v x hidx < 2^16 to v x 2^24 / hidx); the prefill tile keeps the division (the
+  // magic's register made its E4M3 instance spill).
+  static_assert(Traits::kVectors <= 256);
+  const std::uint32_t row_magic = ((1u << 24) + hidx - 1) / hidx;
+  auto row_of_vector = [&](int v) -> int {
+    if constexpr (Traits::kWarpsM == 1) {
+      return static_cast<int>(static_cast<std::uint32_t>(v) * row_magic >> 24);
+    } else {
+      return v / hidx;
+    }
+  };
   // kWarpRings: the CTA's block maxima of pages [i0, i0 + count) to the scores, merged over the
   // warps.
   auto store_maxima = [&](int i0, int count) {
     for (int item = threadIdx.x; item < count * Traits::kVectors; item += Traits::kThreads) {
       const int j = item / Traits::kVectors, v = item % Traits::kVectors;
-      const int row = v / hidx, head = v % hidx;
+      const int row = row_of_vector(v), head = v - row * hidx;
       const std::int64_t pos = tile.pos + row;
       const std::int64_t block = block_begin + i0 + j;
       if (row < tile.rows && pos >= 0 && block <= pos / 128) {
@@ -237,19 +250,6 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   };
 
-  // Vector v's row, v / hidx: the page loop divided every page. On the decode tiles it is
-  // (v x row_magic) >> 24, exact for v, hidx <= 256 (rounding row_magic up adds less than
-  // v x hidx < 2^16 to v x 2^24 / hidx); the prefill tile keeps the division (the magic's register
-  // made its E4M3 instance spill).
-  static_assert(Traits::kVectors <= 256);
-  const std::uint32_t row_magic = ((1u << 24) + hidx - 1) / hidx;
-  auto row_of_vector = [&](int v) -> int {
-    if constexpr (Traits::kWarpsM == 1) {
-      return static_cast<int>(static_cast<std::uint32_t>(v) * row_magic >> 24);
-    } else {
-      return v / hidx;
-    }
-  };
   // The first page has landed: stamped before the page loop (as in the attention).
   ring.wait(0);
   phase_stamp(p.clock, 1);
@@ -391,7 +391,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
     __syncthreads();
     static_assert(Traits::kVectors <= Traits::kThreads);
     if (const int v = threadIdx.x; v < Traits::kVectors) {
-      const int row = v / hidx, head = v % hidx;
+      const int row = row_of_vector(v), head = v - row * hidx;
       const std::int64_t pos = tile.pos + row;
       if (row < tile.rows && pos >= 0 && block <= pos / 128) {
         float m = partial_max[v];
