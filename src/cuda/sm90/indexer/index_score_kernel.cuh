@@ -211,9 +211,10 @@ __global__ void __launch_bounds__(Traits::kThreads)
     }
   }
   // Vector v's row, v / hidx: the page loop divided every page (and every group's store). On the
-  // decode tiles it is (v x row_magic) >> 24, exact for v, hidx <= 256 (rounding row_magic up
-  // adds less than v x hidx < 2^16 to v x 2^24 / hidx); the prefill tile keeps the division (the
-  // magic's register made its E4M3 instance spill).
+  // decode tiles it is (v x row_magic) >> 24, exact for v, hidx <= 256: row_magic is
+  // (2^24 + e) / hidx with e < hidx, so the product exceeds v x 2^24 / hidx by v x e / hidx with
+  // v x e < 2^16, less than the 2^24 / hidx that would change the quotient. The prefill tile keeps
+  // the division (the magic's register made its E4M3 instance spill).
   static_assert(Traits::kVectors <= 256);
   const std::uint32_t row_magic = ((1u << 24) + hidx - 1) / hidx;
   auto row_of_vector = [&](int v) -> int {
