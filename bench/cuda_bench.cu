@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -817,6 +818,23 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
       unsigned long long t0 = ~0ull;
       for (std::int64_t c = 0; c < kCtas; ++c) {
         if (host[0][c * 2 * kPhaseSlots]) t0 = std::min(t0, host[0][c * 2 * kPhaseSlots]);
+      }
+      // FLASHMSA_PHASE_DUMP=FILE: the last sample's stamps, a line a CTA (for studies beyond the
+      // summary below: which CTAs and SMs end early).
+      if (const char* dump = std::getenv("FLASHMSA_PHASE_DUMP"); dump && sample == 14) {
+        std::FILE* f = std::fopen(dump, "a");
+        for (std::size_t k = 0; f && k < std::size(kernels); ++k) {
+          for (std::int64_t c = 0; c < kCtas; ++c) {
+            const unsigned long long* row = host[k].data() + c * 2 * kPhaseSlots;
+            if (row[0] == 0) continue;
+            std::fprintf(f, "%s%s,%lld,%llu", label.c_str(), kernels[k].name,
+                         static_cast<long long>(c), row[flashmsa::cuda::kSmSlot] - 1);
+            for (int ph = 0; ph + 1 < kPhaseSlots; ++ph)
+              std::fprintf(f, ",%.3f", row[ph] ? double(row[ph] - t0) * 1e-3 : -1.0);
+            std::fprintf(f, "\n");
+          }
+        }
+        if (f) std::fclose(f);
       }
       for (std::size_t k = 0; k < std::size(kernels); ++k) {
         const int last = static_cast<int>(kernels[k].phases.size());
