@@ -214,10 +214,12 @@ TEST(AttentionGpuGraph, WholeDecodeStepOnOneWorkspace) {
 // sparse_decode_step (the attention makes each 1-row tile's selection itself) leaves exactly what
 // index_decode then sparse_attention_decode leave: top-k lists, block scores, output and LSE bit
 // for bit (same selection, same union order), and the attention equals the oracle. Rows of 24 to
-// 313 blocks (the direct ranking and the radix passes, here with 256 threads), a padding request,
-// a forced local block whose table entry is outside the cache (selected, never attended), split
-// and unsplit tiles; score order with block scores on one case; and a batch of 4-row tiles and one
-// of more CTAs than two an SM, where the step falls back to the top-k kernel.
+// 313 blocks (the direct ranking and the radix passes, here with 256 threads), one of 157 blocks
+// on three pages (three groups of equal scores, decided by id, the top-k kernel's 128 threads
+// against the attention's 256), a padding request, a forced local block whose table entry is
+// outside the cache (selected, never attended), split and unsplit tiles; score order with block
+// scores on two cases (direct ranks as the score order); and a batch of 4-row tiles and one of
+// more CTAs than two an SM, where the step falls back to the top-k kernel.
 TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   struct Case {
@@ -230,7 +232,8 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     // two ops then launch the list-reading two-per-SM kernel).
     const char* attention_traits = nullptr;
   };
-  const std::vector<std::int64_t> four = {3000, 700, 0, 40000};
+  // (bf16 dql 2 takes 1-row tiles for 4 requests, 4-row tiles for 5: attention_decode_tile_rows.)
+  const std::vector<std::int64_t> four = {3000, 700, 0, 40000}, five = {3000, 700, 0, 40000, 20000};
   // More attention CTAs than two an SM (the top-k kernel selects): 280 > 2 x 132.
   std::vector<std::int64_t> seventy(70);
   for (std::size_t i = 0; i < seventy.size(); ++i) seventy[i] = 100 + 97 * i;
@@ -244,9 +247,9 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
 
   // bf16 dql 4 over 9 requests takes 4-row tiles (attention_decode_tile_rows): a fallback too.
   for (const Case& c :
-       {Case{DType::kBf16, 1, four, false, true}, Case{DType::kBf16, 2, four, true, true},
-        Case{DType::kFp8E4m3, 1, four, false, true}, Case{DType::kFp8E4m3, 3, four, false, true},
-        Case{DType::kNvfp4, 1, four, true, true},
+       {Case{DType::kBf16, 1, five, false, true}, Case{DType::kBf16, 2, four, true, true},
+        Case{DType::kFp8E4m3, 1, five, false, true}, Case{DType::kFp8E4m3, 3, five, false, true},
+        Case{DType::kNvfp4, 1, five, true, true},
         Case{DType::kBf16, 4, {900, 0, 5000, 300, 2600, 128, 1, 7000, 40}, false, false},
         Case{DType::kFp8E4m3, 1, seventy, false, false},
         Case{DType::kBf16, 1, forty, false, true, kTwoPerSmSelect},
@@ -259,7 +262,11 @@ TEST(AttentionGpu, FusedDecodeStepEqualsIndexerThenAttention) {
     if (c.kv != DType::kBf16) config.set_index_cache_dtype(DType::kFp8E4m3);
     if (c.score_order) config.topk_order = TopkOrder::kScoreDesc;
     Scenario s = test::make_decode(config, c.lens, c.dql, 41 + c.dql);
-    if (c.lens.size() == 4) s.block_table[3 * s.max_blocks + 40000 / 128] = 1 << 30;
+    if (c.lens == four || c.lens == five) s.block_table[3 * s.max_blocks + 40000 / 128] = 1 << 30;
+    if (c.lens == five) {  // request 4's full blocks on the pages of its blocks 0, 1, 2
+      std::int32_t* table = s.block_table.data() + 4 * s.max_blocks;
+      for (std::int64_t b = 3; b < 20000 / 128; ++b) table[b] = table[b % 3];
+    }
     const std::int64_t T = s.num_rows, k = s.config.sparse_topk_blocks, w = s.max_blocks;
     // [0]: the two ops, [1]: the fused step; poisoned.
     std::vector<std::int32_t> topk[2];

@@ -76,7 +76,8 @@ INSTANTIATE_TEST_SUITE_P(Configs, IndexerGpu, ::testing::ValuesIn(test::index_ca
                            return param_info.param.name;
                          });
 
-// Rows of 1000+ candidate blocks exercise the radix select; top-k 64 is the largest supported.
+// Rows of 1000+ candidate blocks exercise the radix select (and, at 300000 tokens, 2344 blocks,
+// the top-k kernel's batched score loads three times over); top-k 64 is the largest supported.
 TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   for (int topk : {16, 64}) {
@@ -84,7 +85,7 @@ TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
     c.sparse_topk_blocks = topk;
     c.topk_order = topk == 64 ? TopkOrder::kScoreDesc : TopkOrder::kAscending;
     SCOPED_TRACE(topk);
-    check_gpu(test::make_decode(c, {131072, 70001}, 2, 77 + topk));
+    check_gpu(test::make_decode(c, {131072, 70001, 300000}, 2, 77 + topk));
   }
   Config c;
   check_gpu(test::make_prefill(c, {{20000, 300}}, 78));

@@ -8,7 +8,10 @@
 // blocks matching T to take; ties go to the smaller block id, so the selected set is exactly the
 // CPU backend's. Block scans then place the ids in ascending order, and the
 // score order (at most 64 ids) is a rank sort. Rows of at most 128 blocks (contexts up to 16K)
-// skip the radix passes: each block's rank is counted directly, by up to 8 threads.
+// skip the radix passes: each block's rank is counted directly, by up to 8 threads, and is its
+// place in the score order too. (Counted so up to 256 blocks by the decode attention's 256
+// threads, the selection took 1.2 us longer than the passes at 64 x 32K on the H200: two CTAs
+// an SM, each thread comparing 256 keys.)
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -40,6 +43,7 @@ struct TopkScratch {
   std::uint32_t prefix;
   int need;
   bool whole;
+  bool ranked;  // `ordered` holds the score order already (the direct ranking's ranks)
   std::int32_t selected[kMaxTopk], ordered[kMaxTopk];
 };
 
@@ -69,11 +73,40 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
       p.scores + std::int64_t{kv_head} * p.group * head_stride + (t - p.chunk.begin) * p.max_blocks;
 
   const int first_local = max(0, nvb - p.local);
-  for (int b = threadIdx.x; b < nvb; b += kThreads) {
-    float key = rank_key(group_score(p, row_scores, head_stride, b));
-    if (b < p.init) key = 1e30f;
-    if (b >= first_local) key = 1e29f;  // local wins over init
-    keys[b] = orderable_bits(key);
+  // Each thread reads kLoadBatch blocks' scores at a time, group_score's compares after its loads:
+  // independent loads in flight instead of one round trip a block (the top-k kernel's 128
+  // threads took ~0.6 us a block a thread on the H200, 23 us for a 512K row).
+  constexpr int kLoadBatch = 8;
+  for (int b0 = 0; b0 < nvb; b0 += kLoadBatch * kThreads) {
+    // The batch's rounds of kThreads blocks that hold any (CTA-uniform; one in short rows).
+    const int rounds = min(kLoadBatch, (nvb - b0 + kThreads - 1) / kThreads);
+    float best[kLoadBatch];
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int b = b0 + j * kThreads + static_cast<int>(threadIdx.x);
+      if (j < rounds) best[j] = b < nvb ? row_scores[b] : 0.0f;
+    }
+    for (int g = 1; g < p.group; ++g) {
+      float other[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        const int b = b0 + j * kThreads + static_cast<int>(threadIdx.x);
+        if (j < rounds) other[j] = b < nvb ? row_scores[g * head_stride + b] : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        if (j < rounds && rank_key(other[j]) > rank_key(best[j])) best[j] = other[j];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kLoadBatch; ++j) {
+      const int b = b0 + j * kThreads + static_cast<int>(threadIdx.x);
+      if (j >= rounds || b >= nvb) continue;
+      float key = rank_key(best[j]);
+      if (b < p.init) key = 1e30f;
+      if (b >= first_local) key = 1e29f;  // local wins over init
+      keys[b] = orderable_bits(key);
+    }
   }
   if (p.block_scores && write_scores) {
     float* out = p.block_scores + kv_head * p.block_scores_stride[0] + t * p.block_scores_stride[1];
@@ -88,8 +121,8 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
     // Few blocks (contexts up to 16K; measured faster than the passes only that far): `parts`
     // consecutive threads a block (as many as the CTA has to spare, up to 8) count the blocks
     // that rank before it (key desc, id asc), each over a share of them, and keep it if fewer
-    // than k do; one scan places the kept ids in ascending order. The same set as the radix
-    // select below, without its passes.
+    // than k do; the rank is its place in the score order, and one scan places the kept ids in
+    // ascending order. The same set as the radix select below, without its passes.
     const int parts = nvb == 0 ? 1 : min(8, 1 << (31 - __clz(kThreads / nvb)));
     const int b = static_cast<int>(threadIdx.x) / parts,
               part = static_cast<int>(threadIdx.x) % parts;
@@ -105,8 +138,13 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
     const bool take = live && part == 0 && rank < k;
     int position;
     Scan(s.scan).ExclusiveSum(static_cast<int>(take), position);
-    if (take) s.selected[position] = b;
+    if (take) {
+      s.selected[position] = b;
+      s.ordered[rank] = b;
+    }
+    if (threadIdx.x == 0) s.ranked = true;
   } else {
+    if (threadIdx.x == 0) s.ranked = false;
     // Threshold key (its bits under `decided`) and how many blocks equal to it there are taken
     // (all blocks when nvb <= topk).
     std::uint32_t threshold = 0, decided = 0xffffffffu;
@@ -199,7 +237,9 @@ __device__ void write_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
   // Ascending ids already end with the local blocks (the highest visible ids), so ascending and
   // local_last coincide; score order ranks by (key desc, id asc).
   const std::int32_t* result = s.selected;
-  if (p.order == TopkOrder::kScoreDesc) {
+  if (p.order == TopkOrder::kScoreDesc && s.ranked) {
+    result = s.ordered;
+  } else if (p.order == TopkOrder::kScoreDesc) {
     if (threadIdx.x < k) {
       const std::int32_t id = s.selected[threadIdx.x];
       const std::uint32_t key = keys[id];
