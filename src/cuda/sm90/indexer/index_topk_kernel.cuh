@@ -8,7 +8,7 @@ namespace flashmsa::cuda {
 __global__ void __launch_bounds__(kIndexTopkThreads)
     index_topk_kernel(const __grid_constant__ IndexTopkParams p) {
   __shared__ TopkScratch<kIndexTopkThreads> scratch;
-  extern __shared__ std::uint32_t keys[];  // [max_blocks]
+  extern __shared__ std::uint32_t keys[];  // topk_keys_bytes(max_blocks): key_slot(b)
 
   wait_for_previous_kernel();  // launched as a dependent of the scoring
   phase_stamp(p.clock, 0);

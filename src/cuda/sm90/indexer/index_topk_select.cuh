@@ -47,9 +47,15 @@ struct TopkScratch {
   std::int32_t selected[kMaxTopk], ordered[kMaxTopk];
 };
 
-// A selection's shared memory: the row's keys (16-byte aligned), then the scratch.
+// Block b's key sits at slot b + b / 32: a word of padding every 32 keys, so that the radix
+// select's threads, each over a contiguous run of ids, read different banks (unpadded, runs of 32
+// ids put a warp's 32 reads in one bank).
+__device__ __forceinline__ int key_slot(int b) {
+  return b + (b >> 5);
+}
+// A selection's shared memory: the row's key slots (16-byte aligned), then the scratch.
 constexpr int topk_keys_bytes(int max_blocks) {
-  return (4 * max_blocks + 15) / 16 * 16;
+  return (4 * (max_blocks + max_blocks / 32) + 15) / 16 * 16;
 }
 template <int kThreads>
 constexpr int topk_select_smem_bytes(int max_blocks) {
@@ -57,8 +63,8 @@ constexpr int topk_select_smem_bytes(int max_blocks) {
 }
 
 // Selects the top-k blocks of row t for `kv_head` with all kThreads threads of the CTA: returns k
-// (min(topk, visible blocks)), the ids ascending in s.selected[0, k), every block's key in
-// keys[0, nvb) (shared memory, max_blocks of them); with write_scores the row's block_scores too
+// (min(topk, visible blocks)), the ids ascending in s.selected[0, k), every block b's key in
+// keys[key_slot(b)] (shared memory, topk_keys_bytes); with write_scores the row's block_scores too
 // (when asked for). Ends with a CTA barrier.
 template <int kThreads>
 __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_head,
@@ -105,7 +111,7 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
       float key = rank_key(best[j]);
       if (b < p.init) key = 1e30f;
       if (b >= first_local) key = 1e29f;  // local wins over init
-      keys[b] = orderable_bits(key);
+      keys[key_slot(b)] = orderable_bits(key);
     }
   }
   if (p.block_scores && write_scores) {
@@ -129,10 +135,13 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
     const bool live = b < nvb;
     int rank = 0;
     if (live) {
-      const std::uint32_t key = keys[b];
+      const std::uint32_t key = keys[key_slot(b)];
       const int share = (nvb + parts - 1) / parts;
       const int end = min(nvb, (part + 1) * share);
-      for (int o = part * share; o < end; ++o) rank += keys[o] > key || (keys[o] == key && o < b);
+      for (int o = part * share; o < end; ++o) {
+        const std::uint32_t other = keys[key_slot(o)];
+        rank += other > key || (other == key && o < b);
+      }
     }
     for (int lane = 1; lane < parts; lane <<= 1) rank += __shfl_xor_sync(0xffffffffu, rank, lane);
     const bool take = live && part == 0 && rank < k;
@@ -156,7 +165,8 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
         for (int i = threadIdx.x; i < 256; i += kThreads) s.histogram[i] = 0;
         __syncthreads();
         for (int b = threadIdx.x; b < nvb; b += kThreads) {
-          if ((keys[b] & mask) == prefix) atomicAdd(&s.histogram[(keys[b] >> shift) & 255u], 1u);
+          const std::uint32_t key = keys[key_slot(b)];
+          if ((key & mask) == prefix) atomicAdd(&s.histogram[(key >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (threadIdx.x < 32) {
@@ -202,12 +212,12 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
     const int lo = min(nvb, static_cast<int>(threadIdx.x) * per_thread);
     const int hi = min(nvb, lo + per_thread);
     int equal_here = 0;
-    for (int b = lo; b < hi; ++b) equal_here += (keys[b] & decided) == threshold;
+    for (int b = lo; b < hi; ++b) equal_here += (keys[key_slot(b)] & decided) == threshold;
     int equal_before;
     Scan(s.scan).ExclusiveSum(equal_here, equal_before);
     __syncthreads();
     auto taken = [&](int b, int& equal_seen) {
-      const std::uint32_t key = keys[b] & decided;
+      const std::uint32_t key = keys[key_slot(b)] & decided;
       if (key > threshold) return true;
       if (key != threshold) return false;
       return equal_before + equal_seen++ < need_equal;
@@ -242,10 +252,10 @@ __device__ void write_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
   } else if (p.order == TopkOrder::kScoreDesc) {
     if (threadIdx.x < k) {
       const std::int32_t id = s.selected[threadIdx.x];
-      const std::uint32_t key = keys[id];
+      const std::uint32_t key = keys[key_slot(id)];
       int rank = 0;
       for (int j = 0; j < k; ++j) {
-        const std::uint32_t other = keys[s.selected[j]];
+        const std::uint32_t other = keys[key_slot(s.selected[j])];
         rank += other > key || (other == key && s.selected[j] < id);
       }
       s.ordered[rank] = id;

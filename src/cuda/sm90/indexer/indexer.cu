@@ -117,7 +117,7 @@ Launch common_setup(const Config& config, const TensorView& index_q, const Index
 
 void launch_topk(const Launch& l, std::int64_t hkv) {
   if (l.topk.chunk.rows() == 0) return;
-  const int smem = 4 * l.topk.max_blocks;
+  const int smem = topk_keys_bytes(l.topk.max_blocks);
   launch_dependent_kernel(
       index_topk_kernel,
       dim3(static_cast<unsigned>(l.topk.chunk.rows()), static_cast<unsigned>(hkv)),
