@@ -79,6 +79,15 @@ Stat time_it(const std::function<void(int)>& body, int reps, int warmup = 3) {
   return summarize(std::move(t));
 }
 
+// An idle second: right after a sustained run (the ceilings' GEMMs) the clock is still down (a
+// burst of 16384 x 9856 x 6144 read 1116 TFLOP/s there against 1366, fp8_clock_study.txt; the
+// decode grid's first point, bf16 1 x 8K dql 1, read 23.2-23.6 us with a cv of 0.10-0.13 in the
+// grid runs of sessions 21 and 23 against 19.1-19.8 in A/B rounds).
+void let_clocks_recover() {
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+}
+
 // Per-step times of several graph sets, each replayed round-robin (page sets rotated beyond the
 // L2): `steps` replays back to back per timing (default: whole rotations of the set, at least 20
 // replays and, after the first warm-up round has measured the step, at least kMinTimingSeconds:
@@ -960,6 +969,7 @@ struct DecodePoint {
 std::vector<DecodePoint> g_decode_points;
 
 void decode_grid() {
+  let_clocks_recover();  // the grid runs after the ceilings' GEMMs
   const std::vector<std::int64_t> batches = g_quick_grid
                                                 ? std::vector<std::int64_t>{1, 64}
                                                 : std::vector<std::int64_t>{1, 8, 32, 64, 128};
@@ -1276,10 +1286,7 @@ void projection() {
                                " x 6144), T " + std::to_string(tokens);
       ProjectionPoint point{tp, tokens, 0, 0};
       if (rotations == 1) {
-        // An idle second first: right after a sustained run the clock is still down (a burst of
-        // 16384 x 9856 x 6144 read 1116 TFLOP/s there against 1366, fp8_clock_study.txt).
-        FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
-        std::this_thread::sleep_for(std::chrono::seconds(1));
+        let_clocks_recover();
         const Stat burst = time_graphs(graphs, stream, 1);
         const Stat sustained = time_graphs(graphs, stream);
         point.us = burst.median_s * 1e6;
