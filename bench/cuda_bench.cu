@@ -791,6 +791,7 @@ void decode_phases(const CacheKind& kind, std::int64_t requests, std::int64_t le
        {"union built", "queries + first page landed", "pages attended",
         "epilogue (with splits: to shared memory, cluster barrier)",
         "split merge through distributed shared memory + stores"}}};
+  let_clocks_recover();  // as before the decode grid (the first case follows the ceilings)
   std::vector<std::unique_ptr<DeviceArray<unsigned long long>>> stamps;
   for (const Kernel& k : kernels) {
     stamps.push_back(
