@@ -24,14 +24,17 @@ namespace flashmsa::cuda {
 constexpr int kIndexTopkThreads = 128;
 constexpr int kMaxTopk = 64;
 
-// Raw group score of block b (rank max over the group's index heads, keeping the raw value).
+// The group's rule over a kv head's index heads: of two raw scores the one whose rank key is
+// larger, the earlier head's on equal keys (the raw value is kept: block_scores reports it).
+__device__ __forceinline__ float group_max(float best, float other) {
+  return rank_key(other) > rank_key(best) ? other : best;
+}
+
+// Raw group score of block b (group_max over the group's index heads).
 __device__ __forceinline__ float group_score(const IndexTopkParams& p, const float* row_scores,
                                              std::int64_t head_stride, int b) {
   float best = row_scores[b];
-  for (int g = 1; g < p.group; ++g) {
-    const float s = row_scores[g * head_stride + b];
-    if (rank_key(s) > rank_key(best)) best = s;
-  }
+  for (int g = 1; g < p.group; ++g) best = group_max(best, row_scores[g * head_stride + b]);
   return best;
 }
 
@@ -101,7 +104,7 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
       }
 #pragma unroll
       for (int j = 0; j < kLoadBatch; ++j) {
-        if (j < rounds && rank_key(other[j]) > rank_key(best[j])) best[j] = other[j];
+        if (j < rounds) best[j] = group_max(best[j], other[j]);
       }
     }
 #pragma unroll
