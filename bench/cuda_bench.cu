@@ -1499,6 +1499,7 @@ int main(int argc, char** argv) {
       {"decode phases 64x32K", [] { decode_phases(kCacheKinds[0], 64, 32768); }},
       {"decode phases fp8 64x32K", [] { decode_phases(kCacheKinds[1], 64, 32768); }},
       {"decode phases fp8 128x128K", [] { decode_phases(kCacheKinds[1], 128, 131072); }},
+      {"decode phases nvfp4 64x32K", [] { decode_phases(kCacheKinds[2], 64, 32768); }},
       {"projection", projection},
       {"prefill end to end", prefill_end_to_end},
       {"production prefill set", [&] { production_cases(cases_path); }},
