@@ -6,7 +6,9 @@
 //   launch   a CUDA graph of 1..16 dependent empty kernels, with and without programmatic
 //            dependent launch (the fixed cost of each extra kernel in a decode step)
 //   wgmma    bf16 and fp8 wgmma throughput from shared memory, M 64 x N 128/256 x K 128, in a
-//            minimal CuTe mainloop, one and two warpgroups per SM
+//            minimal CuTe mainloop, one and two warpgroups per SM; and bf16 wgmma with A from
+//            registers (N 64 and 16) fed by NVFP4 codes converted in registers as it runs (the
+//            speculative decode tile of docs/performance.md session 25)
 //   convert  in-register widening of fp8 and NVFP4 codes (src/cuda/sm90/convert.cuh), elements
 //            per clock per SM, against what streaming the cache at the HBM limit needs
 // Usage: flashmsa_hopper_microbench [--json FILE] [--only SECTION]
@@ -395,6 +397,149 @@ void bench_wgmma(float* sink) {
   wgmma_case<Fp8_256, float_e4m3_t, 256, 2>("fp8 e4m3", sink);
 }
 
+// ---- wgmma with A from registers, fed by NVFP4 codes (CuTe) ----
+
+// The inner loop of a decode tile that converts each NVFP4 page once for all its rows (session 25
+// of docs/performance.md): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
+// warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). Each
+// thread widens its A fragments from the codes of its two key rows (16 bytes a row: dims
+// 32 t .. 32 t + 31, register_qk's permuted k order) times their block scales
+// (convert::e2m1_pair_times_scale, scaled down), into one of two register buffers while the
+// wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16
+// is one row's heads: the same tile with MMAs only for the rows that selected a page.
+template <bool kConvert, int kN, int kWarpGroups, class Atom>
+__global__ void __launch_bounds__(128 * kWarpGroups, 1)
+    wgmma_rs_nvfp4_kernel(int iters, float* sink) {
+  using namespace cute;
+  namespace cv = flashmsa::cuda::convert;
+  constexpr int kM = 64, kK = 128;
+  constexpr int kCodeTiles = 4;                 // code tiles a warpgroup cycles through
+  constexpr int kTileBytes = kM * 64 + kM * 8;  // 64 keys: codes, then E4M3 scales
+  auto sA_layout =
+      tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<Int<kM>, Int<kK>>{});
+  auto sB_layout =
+      tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<Int<kN>, Int<kK>>{});
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  auto* b_base = reinterpret_cast<bfloat16_t*>(smem);
+  std::uint8_t* codes = smem + cosize(sB_layout) * sizeof(bfloat16_t);
+  const int total =
+      cosize(sB_layout) * int(sizeof(bfloat16_t)) + kWarpGroups * kCodeTiles * kTileBytes;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const std::uint32_t h = (i * 2654435761u) >> 13;
+    // B: small finite bf16; codes: any nibble; scales: E4M3 of exponents 4..11 (no NaN).
+    const bool scale = i >= cosize(sB_layout) * int(sizeof(bfloat16_t)) &&
+                       (i - cosize(sB_layout) * int(sizeof(bfloat16_t))) % kTileBytes >= kM * 64;
+    smem[i] = static_cast<std::uint8_t>(i < cosize(sB_layout) * int(sizeof(bfloat16_t))
+                                            ? ((i & 1) ? 0x3C | (h & 0x83) : h & 0xB7)
+                                        : scale ? 0x20 | (h & 0x3F)
+                                                : h);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores -> wgmma reads
+  __syncthreads();
+  const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  Tensor sA = make_tensor(make_smem_ptr(b_base), sA_layout);  // shape only: A is in registers
+  Tensor sB = make_tensor(make_smem_ptr(b_base), sB_layout);
+  TiledMMA mma = make_tiled_mma(Atom{});
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor tCrA0 = thr.partition_fragment_A(sA);
+  Tensor tCrA1 = thr.partition_fragment_A(sA);
+  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
+  Tensor acc = partition_fragment_C(mma, Shape<Int<kM>, Int<kN>>{});
+  clear(acc);
+  // The thread's key rows 16 warp + g and + 8, bytes [16 t, 16 t + 16) of each: k step s = 2 w + h
+  // takes pairs 2 h, 2 h + 1 of word w (register_qk's order) as the A registers of rows g, g + 8.
+  const std::uint8_t* my_codes = codes + wg * kCodeTiles * kTileBytes;
+  auto widen = [&](auto& frag, int tile) {
+    const std::uint8_t* base = my_codes + tile * kTileBytes;
+    auto regs = recast<std::uint32_t>(frag);
+    uint4 row[2];
+    std::uint32_t scales[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int key = 16 * warp + lane / 4 + 8 * r;
+      row[r] = *reinterpret_cast<const uint4*>(base + key * 64 + (lane % 4) * 16);
+      const std::uint32_t pair =
+          *reinterpret_cast<const std::uint16_t*>(base + kM * 64 + key * 8 + (lane % 4) * 2);
+      scales[r] = cv::bf16x2_mul(cv::e4m3x2_to_bf16x2_cvt(pair, 0), cv::kE2m1ScaleUp);
+    }
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const std::uint32_t word = (&row[r].x)[s / 2];
+        const std::uint32_t scale = cv::prmt(scales[r], 0, s < 4 ? 0x1010u : 0x3232u);
+        // A registers of a k step: rows g, g + 8 of its first 8 k, then of its last 8.
+        if (s % 2 == 0) {
+          regs(4 * s + r) = cv::e2m1_pair_times_scale<0, true>(word, scale);
+          regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<1, true>(word, scale);
+        } else {
+          regs(4 * s + r) = cv::e2m1_pair_times_scale<2, true>(word, scale);
+          regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<3, true>(word, scale);
+        }
+      }
+    }
+  };
+  auto multiply = [&](auto& frag) {
+    warpgroup_fence_operand(frag);
+    warpgroup_fence_operand(acc);
+    warpgroup_arrive();
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(frag); ++k) gemm(mma, frag(_, _, k), tCrB(_, _, k), acc);
+    warpgroup_commit_batch();
+  };
+  widen(tCrA0, 0);
+  if constexpr (!kConvert) widen(tCrA1, 1);
+  for (int it = 0; it < iters; it += 2) {
+    // Each buffer is widened while the other's wgmma runs, then waited for before its reuse.
+    multiply(tCrA0);
+    if constexpr (kConvert) widen(tCrA1, (it + 1) % kCodeTiles);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tCrA0);
+    multiply(tCrA1);
+    if constexpr (kConvert) widen(tCrA0, (it + 2) % kCodeTiles);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tCrA1);
+  }
+  warpgroup_fence_operand(acc);
+  float s = 0;
+  for (int i = 0; i < size(acc); ++i) s += acc(i);
+  if (s == 1.2345f) sink[0] = s;
+}
+
+template <bool kConvert, int kN, int kWarpGroups>
+void wgmma_rs_nvfp4_case(float* sink) {
+  using Atom = std::conditional_t<
+      kN == 64, cute::SM90_64x64x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
+      cute::SM90_64x16x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
+  auto kernel = wgmma_rs_nvfp4_kernel<kConvert, kN, kWarpGroups, Atom>;
+  const int smem = kN * 128 * 2 + kWarpGroups * 4 * (64 * 64 + 64 * 8);
+  set_smem(kernel, smem);
+  const int iters = 4096;
+  const double us = time_us([&] { kernel<<<g_sms, 128 * kWarpGroups, smem>>>(iters, sink); }, 3);
+  const double products = double(iters) * kWarpGroups * g_sms;  // 64 x kN x 128 each
+  const double codes_per_clk = products * 64 * 128 / (us * 1e-6) / g_sms / (g_clock_ghz * 1e9);
+  record("wgmma",
+         "bf16 M64 x N" + std::to_string(kN) + " x K128, A from registers" +
+             (kConvert ? ", A widened from NVFP4 codes every time" : " (widened once)") + ", " +
+             std::to_string(kWarpGroups) + " warpgroup" + (kWarpGroups > 1 ? "s" : "") + "/SM",
+         2.0 * 64 * kN * 128 * products / us * 1e-6, "TFLOP/s",
+         {{"type", "bf16"},
+          {"n", kN},
+          {"warpgroups", kWarpGroups},
+          {"a_from", kConvert ? "nvfp4 codes" : "registers"},
+          {"codes_per_clk_per_sm", kConvert ? codes_per_clk : 0.0}});
+}
+
+void bench_wgmma_rs_nvfp4(float* sink) {
+  // N 64: four speculative rows' 16 heads in one MMA; N 16: one row's heads (a page's MMAs only
+  // for the rows that selected it).
+  wgmma_rs_nvfp4_case<false, 64, 2>(sink);
+  wgmma_rs_nvfp4_case<true, 64, 1>(sink);
+  wgmma_rs_nvfp4_case<true, 64, 2>(sink);
+  wgmma_rs_nvfp4_case<false, 16, 2>(sink);
+  wgmma_rs_nvfp4_case<true, 16, 2>(sink);
+}
+
 // ---- In-register conversions ----
 
 enum class Widen {
@@ -535,7 +680,10 @@ int run(int argc, char** argv) {
   if (want("l2")) bench_l2(buffer, sink);
   if (want("hbm")) bench_hbm(buffer, bytes, sink);
   if (want("launch")) bench_launch();
-  if (want("wgmma")) bench_wgmma(reinterpret_cast<float*>(sink));
+  if (want("wgmma")) {
+    bench_wgmma(reinterpret_cast<float*>(sink));
+    bench_wgmma_rs_nvfp4(reinterpret_cast<float*>(sink));
+  }
   if (want("convert")) bench_convert(buffer, sink);
   FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   if (!json_path.empty()) {
