@@ -406,8 +406,9 @@ void bench_wgmma(float* sink) {
 // 32 t .. 32 t + 31, register_qk's permuted k order) times their block scales
 // (convert::e2m1_pair_times_scale, scaled down), into one of two register buffers while the
 // wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16
-// is one row's heads: the same tile with MMAs only for the rows that selected a page.
-template <bool kConvert, int kN, int kWarpGroups, class Atom>
+// is one row's heads: the same tile with MMAs only for the rows that selected a page, kRows of
+// them (each its own B tile and accumulators) multiplying each widened A fragment.
+template <bool kConvert, int kN, int kRows, int kWarpGroups, class Atom>
 __global__ void __launch_bounds__(128 * kWarpGroups, 1)
     wgmma_rs_nvfp4_kernel(int iters, float* sink) {
   using namespace cute;
@@ -421,31 +422,36 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 1)
       tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<Int<kN>, Int<kK>>{});
   extern __shared__ __align__(1024) std::uint8_t smem[];
   auto* b_base = reinterpret_cast<bfloat16_t*>(smem);
-  std::uint8_t* codes = smem + cosize(sB_layout) * sizeof(bfloat16_t);
-  const int total =
-      cosize(sB_layout) * int(sizeof(bfloat16_t)) + kWarpGroups * kCodeTiles * kTileBytes;
+  const int b_bytes = kRows * cosize(sB_layout) * int(sizeof(bfloat16_t));
+  std::uint8_t* codes = smem + b_bytes;
+  const int total = b_bytes + kWarpGroups * kCodeTiles * kTileBytes;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const std::uint32_t h = (i * 2654435761u) >> 13;
     // B: small finite bf16; codes: any nibble; scales: E4M3 of exponents 4..11 (no NaN).
-    const bool scale = i >= cosize(sB_layout) * int(sizeof(bfloat16_t)) &&
-                       (i - cosize(sB_layout) * int(sizeof(bfloat16_t))) % kTileBytes >= kM * 64;
-    smem[i] = static_cast<std::uint8_t>(i < cosize(sB_layout) * int(sizeof(bfloat16_t))
-                                            ? ((i & 1) ? 0x3C | (h & 0x83) : h & 0xB7)
-                                        : scale ? 0x20 | (h & 0x3F)
-                                                : h);
+    const bool scale = i >= b_bytes && (i - b_bytes) % kTileBytes >= kM * 64;
+    smem[i] = static_cast<std::uint8_t>(i < b_bytes ? ((i & 1) ? 0x3C | (h & 0x83) : h & 0xB7)
+                                        : scale     ? 0x20 | (h & 0x3F)
+                                                    : h);
   }
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // generic stores -> wgmma reads
   __syncthreads();
   const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
   Tensor sA = make_tensor(make_smem_ptr(b_base), sA_layout);  // shape only: A is in registers
-  Tensor sB = make_tensor(make_smem_ptr(b_base), sB_layout);
   TiledMMA mma = make_tiled_mma(Atom{});
   auto thr = mma.get_thread_slice(threadIdx.x % 128);
   Tensor tCrA0 = thr.partition_fragment_A(sA);
   Tensor tCrA1 = thr.partition_fragment_A(sA);
-  Tensor tCrB = thr.make_fragment_B(thr.partition_B(sB));
-  Tensor acc = partition_fragment_C(mma, Shape<Int<kM>, Int<kN>>{});
-  clear(acc);
+  auto b_fragment = [&](int r) {  // row r's B tile (its heads' Q^T)
+    return thr.make_fragment_B(
+        thr.partition_B(make_tensor(make_smem_ptr(b_base + r * cosize(sB_layout)), sB_layout)));
+  };
+  decltype(b_fragment(0)) tCrB[kRows];
+  decltype(partition_fragment_C(mma, Shape<Int<kM>, Int<kN>>{})) acc[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    tCrB[r] = b_fragment(r);
+    clear(acc[r]);
+  }
   // The thread's key rows 16 warp + g and + 8, bytes [16 t, 16 t + 16) of each: k step s = 2 w + h
   // takes pairs 2 h, 2 h + 1 of word w (register_qk's order) as the A registers of rows g, g + 8.
   const std::uint8_t* my_codes = codes + wg * kCodeTiles * kTileBytes;
@@ -481,10 +487,14 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 1)
   };
   auto multiply = [&](auto& frag) {
     warpgroup_fence_operand(frag);
-    warpgroup_fence_operand(acc);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) warpgroup_fence_operand(acc[r]);
     warpgroup_arrive();
     CUTE_UNROLL
-    for (int k = 0; k < size<2>(frag); ++k) gemm(mma, frag(_, _, k), tCrB(_, _, k), acc);
+    for (int k = 0; k < size<2>(frag); ++k) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) gemm(mma, frag(_, _, k), tCrB[r](_, _, k), acc[r]);
+    }
     warpgroup_commit_batch();
   };
   widen(tCrA0, 0);
@@ -500,31 +510,37 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 1)
     warpgroup_wait<0>();
     warpgroup_fence_operand(tCrA1);
   }
-  warpgroup_fence_operand(acc);
   float s = 0;
-  for (int i = 0; i < size(acc); ++i) s += acc(i);
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    warpgroup_fence_operand(acc[r]);
+    for (int i = 0; i < size(acc[r]); ++i) s += acc[r](i);
+  }
   if (s == 1.2345f) sink[0] = s;
 }
 
-template <bool kConvert, int kN, int kWarpGroups>
+template <bool kConvert, int kN, int kRows, int kWarpGroups>
 void wgmma_rs_nvfp4_case(float* sink) {
   using Atom = std::conditional_t<
       kN == 64, cute::SM90_64x64x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>,
       cute::SM90_64x16x16_F32BF16BF16_RS<cute::GMMA::Major::K, cute::GMMA::Major::K>>;
-  auto kernel = wgmma_rs_nvfp4_kernel<kConvert, kN, kWarpGroups, Atom>;
-  const int smem = kN * 128 * 2 + kWarpGroups * 4 * (64 * 64 + 64 * 8);
+  auto kernel = wgmma_rs_nvfp4_kernel<kConvert, kN, kRows, kWarpGroups, Atom>;
+  const int smem = kRows * kN * 128 * 2 + kWarpGroups * 4 * (64 * 64 + 64 * 8);
   set_smem(kernel, smem);
   const int iters = 4096;
   const double us = time_us([&] { kernel<<<g_sms, 128 * kWarpGroups, smem>>>(iters, sink); }, 3);
-  const double products = double(iters) * kWarpGroups * g_sms;  // 64 x kN x 128 each
-  const double codes_per_clk = products * 64 * 128 / (us * 1e-6) / g_sms / (g_clock_ghz * 1e9);
+  const double widened = double(iters) * kWarpGroups * g_sms;  // 64 x 128 codes each
+  const double products = widened * kRows;                     // 64 x kN x 128 each
+  const double codes_per_clk = widened * 64 * 128 / (us * 1e-6) / g_sms / (g_clock_ghz * 1e9);
   record("wgmma",
          "bf16 M64 x N" + std::to_string(kN) + " x K128, A from registers" +
+             (kRows > 1 ? " for " + std::to_string(kRows) + " B tiles" : std::string()) +
              (kConvert ? ", A widened from NVFP4 codes every time" : " (widened once)") + ", " +
              std::to_string(kWarpGroups) + " warpgroup" + (kWarpGroups > 1 ? "s" : "") + "/SM",
          2.0 * 64 * kN * 128 * products / us * 1e-6, "TFLOP/s",
          {{"type", "bf16"},
           {"n", kN},
+          {"b_tiles", kRows},
           {"warpgroups", kWarpGroups},
           {"a_from", kConvert ? "nvfp4 codes" : "registers"},
           {"codes_per_clk_per_sm", kConvert ? codes_per_clk : 0.0}});
@@ -532,12 +548,14 @@ void wgmma_rs_nvfp4_case(float* sink) {
 
 void bench_wgmma_rs_nvfp4(float* sink) {
   // N 64: four speculative rows' 16 heads in one MMA; N 16: one row's heads (a page's MMAs only
-  // for the rows that selected it).
-  wgmma_rs_nvfp4_case<false, 64, 2>(sink);
-  wgmma_rs_nvfp4_case<true, 64, 1>(sink);
-  wgmma_rs_nvfp4_case<true, 64, 2>(sink);
-  wgmma_rs_nvfp4_case<false, 16, 2>(sink);
-  wgmma_rs_nvfp4_case<true, 16, 2>(sink);
+  // for the rows that selected it), one or four rows a widened page.
+  wgmma_rs_nvfp4_case<false, 64, 1, 2>(sink);
+  wgmma_rs_nvfp4_case<true, 64, 1, 1>(sink);
+  wgmma_rs_nvfp4_case<true, 64, 1, 2>(sink);
+  wgmma_rs_nvfp4_case<false, 16, 1, 2>(sink);
+  wgmma_rs_nvfp4_case<true, 16, 1, 2>(sink);
+  wgmma_rs_nvfp4_case<false, 16, 4, 2>(sink);
+  wgmma_rs_nvfp4_case<true, 16, 4, 2>(sink);
 }
 
 // ---- In-register conversions ----
