@@ -546,6 +546,189 @@ void wgmma_rs_nvfp4_case(float* sink) {
           {"codes_per_clk_per_sm", kConvert ? codes_per_clk : 0.0}});
 }
 
+// A whole NVFP4 page of that tile without its softmax (its exchange and P^T stores, costed apart
+// in docs/performance.md): each of two warpgroups widens its 64 keys' K codes into S^T's A
+// fragments (M 64 keys, K 128 dims) and their V codes into O^T's (M 64 dims twice, K 64 keys:
+// n-tile-free dim order, thread (g, t) takes dims 4 c + {0, 1} (M block 0) and + {2, 3} (block 1)
+// of keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of each 16-key step, a byte permute pairing two keys'
+// codes as register_pv does), then runs S^T = K Q_r^T (8 x m64n16k16) and O_r^T += V^T P_r^T
+// (2 x 4 x m64n16k16) for kRows rows, B tiles from shared memory. The two warpgroups alternate
+// between widening and MMAs by themselves. Clocks a page per SM: the tile's page rate without
+// HBM, selection or softmax.
+template <int kRows>
+__global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, float* sink) {
+  using namespace cute;
+  namespace cv = flashmsa::cuda::convert;
+  using Atom = SM90_64x16x16_F32BF16BF16_RS<GMMA::Major::K, GMMA::Major::K>;
+  constexpr int kCodeTiles = 4;
+  constexpr int kTileBytes = 2 * (64 * 64 + 64 * 8);  // 64 keys: K codes, scales, V codes, scales
+  auto s_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<_64, _128>{});
+  auto v_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<_64, _64>{});
+  auto q_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<_16, _128>{});
+  auto p_layout = tile_to_shape(GMMA::Layout_K_SW128_Atom<bfloat16_t>{}, Shape<_16, _64>{});
+  extern __shared__ __align__(1024) std::uint8_t smem[];
+  auto* q_base = reinterpret_cast<bfloat16_t*>(smem);  // kRows Q_r^T tiles, then 2 x kRows P^T
+  auto* p_base = q_base + kRows * cosize(q_layout);
+  const int b_bytes = (kRows * cosize(q_layout) + 2 * kRows * cosize(p_layout)) * 2;
+  std::uint8_t* codes = smem + b_bytes;
+  const int total = b_bytes + 2 * kCodeTiles * kTileBytes;
+  for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    const std::uint32_t h = (i * 2654435761u) >> 13;
+    const int c = (i - b_bytes) % (kTileBytes / 2);
+    smem[i] = static_cast<std::uint8_t>(i < b_bytes    ? ((i & 1) ? 0x3C | (h & 0x83) : h & 0xB7)
+                                        : c >= 64 * 64 ? 0x20 | (h & 0x3F)
+                                                       : h);
+  }
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncthreads();
+  const int wg = threadIdx.x / 128, warp = threadIdx.x % 128 / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, t = lane % 4;
+  TiledMMA mma = make_tiled_mma(Atom{});
+  auto thr = mma.get_thread_slice(threadIdx.x % 128);
+  Tensor kfrag = thr.partition_fragment_A(make_tensor(make_smem_ptr(q_base), s_layout));
+  Tensor vfrag0 = thr.partition_fragment_A(make_tensor(make_smem_ptr(q_base), v_layout));
+  Tensor vfrag1 = thr.partition_fragment_A(make_tensor(make_smem_ptr(q_base), v_layout));
+  auto q_fragment = [&](int r) {
+    return thr.make_fragment_B(
+        thr.partition_B(make_tensor(make_smem_ptr(q_base + r * cosize(q_layout)), q_layout)));
+  };
+  auto p_fragment = [&](int r) {
+    return thr.make_fragment_B(thr.partition_B(
+        make_tensor(make_smem_ptr(p_base + (wg * kRows + r) * cosize(p_layout)), p_layout)));
+  };
+  using Acc = decltype(partition_fragment_C(mma, Shape<_64, _16>{}));
+  decltype(q_fragment(0)) qf[kRows];
+  decltype(p_fragment(0)) pf[kRows];
+  Acc s_acc[kRows], o_acc[kRows][2];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    qf[r] = q_fragment(r);
+    pf[r] = p_fragment(r);
+    clear(s_acc[r]);
+    clear(o_acc[r][0]);
+    clear(o_acc[r][1]);
+  }
+  const std::uint8_t* my_codes = codes + wg * kCodeTiles * kTileBytes;
+  auto widen = [&](int tile) {
+    const std::uint8_t* k_codes = my_codes + tile * kTileBytes;
+    const std::uint8_t* v_codes = k_codes + kTileBytes / 2;
+    auto kr = recast<std::uint32_t>(kfrag);
+    uint4 row[2];
+    std::uint32_t scales[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {  // K: as the A-from-registers case above
+      const int key = 16 * warp + g + 8 * r;
+      row[r] = *reinterpret_cast<const uint4*>(k_codes + key * 64 + t * 16);
+      const std::uint32_t pair =
+          *reinterpret_cast<const std::uint16_t*>(k_codes + 64 * 64 + key * 8 + t * 2);
+      scales[r] = cv::bf16x2_mul(cv::e4m3x2_to_bf16x2_cvt(pair, 0), cv::kE2m1ScaleUp);
+    }
+#pragma unroll
+    for (int st = 0; st < 8; ++st) {
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const std::uint32_t word = (&row[r].x)[st / 2];
+        const std::uint32_t scale = cv::prmt(scales[r], 0, st < 4 ? 0x1010u : 0x3232u);
+        if (st % 2 == 0) {
+          kr(4 * st + r) = cv::e2m1_pair_times_scale<0, true>(word, scale);
+          kr(4 * st + 2 + r) = cv::e2m1_pair_times_scale<1, true>(word, scale);
+        } else {
+          kr(4 * st + r) = cv::e2m1_pair_times_scale<2, true>(word, scale);
+          kr(4 * st + 2 + r) = cv::e2m1_pair_times_scale<3, true>(word, scale);
+        }
+      }
+    }
+    // V^T: per 16-key step, the two code bytes (4 dims) of keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9;
+    // byte 0 feeds M block 0, byte 1 block 1; [key 2 t, key 2 t + 8, key 2 t + 1, key 2 t + 9]
+    // pairs (j, j + 4) = the A registers (dim 2 i: keys 2 t, 2 t + 1), (dim 2 i + 1: ...), the
+    // same for keys + 8.
+    auto v0 = recast<std::uint32_t>(vfrag0);
+    auto v1 = recast<std::uint32_t>(vfrag1);
+    const int dim_byte = 2 * (4 * warp + g / 2) + 0;  // 4 dims of this thread: bytes b, b + 1
+#pragma unroll
+    for (int st = 0; st < 4; ++st) {
+      std::uint32_t b[4], sc[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int key = 16 * st + 2 * t + (k & 1) + 8 * (k >> 1);
+        b[k] = *reinterpret_cast<const std::uint16_t*>(v_codes + key * 64 + dim_byte);
+        sc[k] = v_codes[64 * 64 + key * 8 + dim_byte / 8];
+      }
+      const std::uint32_t lo_scale = cv::e4m3x2_to_bf16x2_cvt(cv::prmt(sc[0], sc[1], 0x40), 0);
+      const std::uint32_t hi_scale = cv::e4m3x2_to_bf16x2_cvt(cv::prmt(sc[2], sc[3], 0x40), 0);
+      const std::uint32_t s_lo = cv::bf16x2_mul(lo_scale, cv::kE2m1ScaleUp);
+      const std::uint32_t s_hi = cv::bf16x2_mul(hi_scale, cv::kE2m1ScaleUp);
+      const std::uint32_t ab = cv::prmt(b[0], b[1], 0x5140);  // bytes k0.0 k1.0 k0.1 k1.1
+      const std::uint32_t cd = cv::prmt(b[2], b[3], 0x5140);
+      const std::uint32_t w0 = cv::prmt(ab, cd, 0x5410);  // byte 0 of the four keys
+      const std::uint32_t w1 = cv::prmt(ab, cd, 0x7632);  // byte 1
+      v0(4 * st + 0) = cv::e2m1_pair_times_scale<0, true>(w0, s_lo);
+      v0(4 * st + 1) = cv::e2m1_pair_times_scale<1, true>(w0, s_lo);
+      v0(4 * st + 2) = cv::e2m1_pair_times_scale<2, true>(w0, s_hi);
+      v0(4 * st + 3) = cv::e2m1_pair_times_scale<3, true>(w0, s_hi);
+      v1(4 * st + 0) = cv::e2m1_pair_times_scale<0, true>(w1, s_lo);
+      v1(4 * st + 1) = cv::e2m1_pair_times_scale<1, true>(w1, s_lo);
+      v1(4 * st + 2) = cv::e2m1_pair_times_scale<2, true>(w1, s_hi);
+      v1(4 * st + 3) = cv::e2m1_pair_times_scale<3, true>(w1, s_hi);
+    }
+  };
+  for (int it = 0; it < iters; ++it) {
+    widen(it % kCodeTiles);
+    warpgroup_fence_operand(kfrag);
+    warpgroup_fence_operand(vfrag0);
+    warpgroup_fence_operand(vfrag1);
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      warpgroup_fence_operand(s_acc[r]);
+      warpgroup_fence_operand(o_acc[r][0]);
+      warpgroup_fence_operand(o_acc[r][1]);
+    }
+    warpgroup_arrive();
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      CUTE_UNROLL
+      for (int k = 0; k < 8; ++k) gemm(mma, kfrag(_, _, k), qf[r](_, _, k), s_acc[r]);
+      CUTE_UNROLL
+      for (int k = 0; k < 4; ++k) {
+        gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
+        gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
+      }
+    }
+    warpgroup_commit_batch();
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(kfrag);
+    warpgroup_fence_operand(vfrag0);
+    warpgroup_fence_operand(vfrag1);
+  }
+  float sum = 0;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    warpgroup_fence_operand(s_acc[r]);
+    warpgroup_fence_operand(o_acc[r][0]);
+    warpgroup_fence_operand(o_acc[r][1]);
+    for (int i = 0; i < size(s_acc[r]); ++i) sum += s_acc[r](i) + o_acc[r][0](i) + o_acc[r][1](i);
+  }
+  if (sum == 1.2345f) sink[0] = sum;
+}
+
+template <int kRows>
+void nvfp4_page_skeleton_case(float* sink) {
+  auto kernel = nvfp4_page_skeleton_kernel<kRows>;
+  const int smem = (kRows * 16 * 128 + 2 * kRows * 16 * 64) * 2 + 2 * 4 * 2 * (64 * 64 + 64 * 8);
+  set_smem(kernel, smem);
+  const int iters = 2048;
+  const double us = time_us([&] { kernel<<<g_sms, 256, smem>>>(iters, sink); }, 3);
+  const double clocks_per_page = us * 1e-6 * g_clock_ghz * 1e9 / iters;  // one page a CTA an SM
+  record("wgmma",
+         "NVFP4 decode page skeleton: K and V widened once, S^T and O^T (m64n16k16, A from "
+         "registers) for " +
+             std::to_string(kRows) + " row" + (kRows > 1 ? "s" : "") + ", 2 warpgroups/SM",
+         clocks_per_page, "clk/page/SM",
+         {{"rows", kRows},
+          {"codes_per_clk_per_sm", 128.0 * 256 / clocks_per_page},
+          {"tflops", 2.0 * 128 * 16 * 128 * 2 * kRows * iters * g_sms / us * 1e-6}});
+}
+
 void bench_wgmma_rs_nvfp4(float* sink) {
   // N 64: four speculative rows' 16 heads in one MMA; N 16: one row's heads (a page's MMAs only
   // for the rows that selected it), one or four rows a widened page.
@@ -556,6 +739,9 @@ void bench_wgmma_rs_nvfp4(float* sink) {
   wgmma_rs_nvfp4_case<true, 16, 1, 2>(sink);
   wgmma_rs_nvfp4_case<false, 16, 4, 2>(sink);
   wgmma_rs_nvfp4_case<true, 16, 4, 2>(sink);
+  nvfp4_page_skeleton_case<1>(sink);
+  nvfp4_page_skeleton_case<2>(sink);
+  nvfp4_page_skeleton_case<4>(sink);
 }
 
 // ---- In-register conversions ----
