@@ -399,6 +399,43 @@ void bench_wgmma(float* sink) {
 
 // ---- wgmma with A from registers, fed by NVFP4 codes (CuTe) ----
 
+// S^T's A fragments (m64 keys x k128 dims) of a warpgroup's 64 keys, from an NVFP4 tile of 64
+// code rows (64 bytes) then 64 scale rows (8 bytes): thread (g, t) of warp w takes keys 16 w + g
+// and + 8, bytes [16 t, 16 t + 16) of each (dims 32 t .. 32 t + 31, register_qk's permuted k
+// order), times their block scales (e2m1_pair_times_scale, scaled down). A registers of a k step:
+// rows g, g + 8 of its first 8 k, then of its last 8.
+template <class Fragment>
+__device__ __forceinline__ void widen_nvfp4_keys_as_a(Fragment& frag, const std::uint8_t* tile,
+                                                      int warp, int lane) {
+  namespace cv = flashmsa::cuda::convert;
+  auto regs = cute::recast<std::uint32_t>(frag);
+  uint4 row[2];
+  std::uint32_t scales[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int key = 16 * warp + lane / 4 + 8 * r;
+    row[r] = *reinterpret_cast<const uint4*>(tile + key * 64 + (lane % 4) * 16);
+    const std::uint32_t pair =
+        *reinterpret_cast<const std::uint16_t*>(tile + 64 * 64 + key * 8 + (lane % 4) * 2);
+    scales[r] = cv::bf16x2_mul(cv::e4m3x2_to_bf16x2_cvt(pair, 0), cv::kE2m1ScaleUp);
+  }
+#pragma unroll
+  for (int s = 0; s < 8; ++s) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const std::uint32_t word = (&row[r].x)[s / 2];
+      const std::uint32_t scale = cv::prmt(scales[r], 0, s < 4 ? 0x1010u : 0x3232u);
+      if (s % 2 == 0) {
+        regs(4 * s + r) = cv::e2m1_pair_times_scale<0, true>(word, scale);
+        regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<1, true>(word, scale);
+      } else {
+        regs(4 * s + r) = cv::e2m1_pair_times_scale<2, true>(word, scale);
+        regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<3, true>(word, scale);
+      }
+    }
+  }
+}
+
 // The inner loop of a decode tile that converts each NVFP4 page once for all its rows (session 25
 // of docs/performance.md): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
 // warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). Each
@@ -412,7 +449,6 @@ template <bool kConvert, int kN, int kRows, int kWarpGroups, class Atom>
 __global__ void __launch_bounds__(128 * kWarpGroups, 1)
     wgmma_rs_nvfp4_kernel(int iters, float* sink) {
   using namespace cute;
-  namespace cv = flashmsa::cuda::convert;
   constexpr int kM = 64, kK = 128;
   constexpr int kCodeTiles = 4;                 // code tiles a warpgroup cycles through
   constexpr int kTileBytes = kM * 64 + kM * 8;  // 64 keys: codes, then E4M3 scales
@@ -452,38 +488,9 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 1)
     tCrB[r] = b_fragment(r);
     clear(acc[r]);
   }
-  // The thread's key rows 16 warp + g and + 8, bytes [16 t, 16 t + 16) of each: k step s = 2 w + h
-  // takes pairs 2 h, 2 h + 1 of word w (register_qk's order) as the A registers of rows g, g + 8.
   const std::uint8_t* my_codes = codes + wg * kCodeTiles * kTileBytes;
   auto widen = [&](auto& frag, int tile) {
-    const std::uint8_t* base = my_codes + tile * kTileBytes;
-    auto regs = recast<std::uint32_t>(frag);
-    uint4 row[2];
-    std::uint32_t scales[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int key = 16 * warp + lane / 4 + 8 * r;
-      row[r] = *reinterpret_cast<const uint4*>(base + key * 64 + (lane % 4) * 16);
-      const std::uint32_t pair =
-          *reinterpret_cast<const std::uint16_t*>(base + kM * 64 + key * 8 + (lane % 4) * 2);
-      scales[r] = cv::bf16x2_mul(cv::e4m3x2_to_bf16x2_cvt(pair, 0), cv::kE2m1ScaleUp);
-    }
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const std::uint32_t word = (&row[r].x)[s / 2];
-        const std::uint32_t scale = cv::prmt(scales[r], 0, s < 4 ? 0x1010u : 0x3232u);
-        // A registers of a k step: rows g, g + 8 of its first 8 k, then of its last 8.
-        if (s % 2 == 0) {
-          regs(4 * s + r) = cv::e2m1_pair_times_scale<0, true>(word, scale);
-          regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<1, true>(word, scale);
-        } else {
-          regs(4 * s + r) = cv::e2m1_pair_times_scale<2, true>(word, scale);
-          regs(4 * s + 2 + r) = cv::e2m1_pair_times_scale<3, true>(word, scale);
-        }
-      }
-    }
+    widen_nvfp4_keys_as_a(frag, my_codes + tile * kTileBytes, warp, lane);
   };
   auto multiply = [&](auto& frag) {
     warpgroup_fence_operand(frag);
@@ -612,32 +619,7 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
   auto widen = [&](int tile) {
     const std::uint8_t* k_codes = my_codes + tile * kTileBytes;
     const std::uint8_t* v_codes = k_codes + kTileBytes / 2;
-    auto kr = recast<std::uint32_t>(kfrag);
-    uint4 row[2];
-    std::uint32_t scales[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {  // K: as the A-from-registers case above
-      const int key = 16 * warp + g + 8 * r;
-      row[r] = *reinterpret_cast<const uint4*>(k_codes + key * 64 + t * 16);
-      const std::uint32_t pair =
-          *reinterpret_cast<const std::uint16_t*>(k_codes + 64 * 64 + key * 8 + t * 2);
-      scales[r] = cv::bf16x2_mul(cv::e4m3x2_to_bf16x2_cvt(pair, 0), cv::kE2m1ScaleUp);
-    }
-#pragma unroll
-    for (int st = 0; st < 8; ++st) {
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const std::uint32_t word = (&row[r].x)[st / 2];
-        const std::uint32_t scale = cv::prmt(scales[r], 0, st < 4 ? 0x1010u : 0x3232u);
-        if (st % 2 == 0) {
-          kr(4 * st + r) = cv::e2m1_pair_times_scale<0, true>(word, scale);
-          kr(4 * st + 2 + r) = cv::e2m1_pair_times_scale<1, true>(word, scale);
-        } else {
-          kr(4 * st + r) = cv::e2m1_pair_times_scale<2, true>(word, scale);
-          kr(4 * st + 2 + r) = cv::e2m1_pair_times_scale<3, true>(word, scale);
-        }
-      }
-    }
+    widen_nvfp4_keys_as_a(kfrag, k_codes, warp, lane);
     // V^T: per 16-key step, the two code bytes (4 dims) of keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9;
     // byte 0 feeds M block 0, byte 1 block 1; [key 2 t, key 2 t + 8, key 2 t + 1, key 2 t + 9]
     // pairs (j, j + 4) = the A registers (dim 2 i: keys 2 t, 2 t + 1), (dim 2 i + 1: ...), the
