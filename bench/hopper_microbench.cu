@@ -438,10 +438,8 @@ __device__ __forceinline__ void widen_nvfp4_keys_as_a(Fragment& frag, const std:
 
 // The inner loop of a decode tile that converts each NVFP4 page once for all its rows (session 25
 // of docs/performance.md): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
-// warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). Each
-// thread widens its A fragments from the codes of its two key rows (16 bytes a row: dims
-// 32 t .. 32 t + 31, register_qk's permuted k order) times their block scales
-// (convert::e2m1_pair_times_scale, scaled down), into one of two register buffers while the
+// warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). The
+// warps widen the A fragments (widen_nvfp4_keys_as_a) into one of two register buffers while the
 // wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16
 // is one row's heads: the same tile with MMAs only for the rows that selected a page, kRows of
 // them (each its own B tile and accumulators) multiplying each widened A fragment.
@@ -463,7 +461,7 @@ __global__ void __launch_bounds__(128 * kWarpGroups, 1)
   const int total = b_bytes + kWarpGroups * kCodeTiles * kTileBytes;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const std::uint32_t h = (i * 2654435761u) >> 13;
-    // B: small finite bf16; codes: any nibble; scales: E4M3 of exponents 4..11 (no NaN).
+    // B: small finite bf16; codes: any nibble; scales: E4M3 of exponent fields 4..7 (no NaN).
     const bool scale = i >= b_bytes && (i - b_bytes) % kTileBytes >= kM * 64;
     smem[i] = static_cast<std::uint8_t>(i < b_bytes ? ((i & 1) ? 0x3C | (h & 0x83) : h & 0xB7)
                                         : scale     ? 0x20 | (h & 0x3F)
@@ -621,12 +619,12 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
     const std::uint8_t* v_codes = k_codes + kTileBytes / 2;
     widen_nvfp4_keys_as_a(kfrag, k_codes, warp, lane);
     // V^T: per 16-key step, the two code bytes (4 dims) of keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9;
-    // byte 0 feeds M block 0, byte 1 block 1; [key 2 t, key 2 t + 8, key 2 t + 1, key 2 t + 9]
-    // pairs (j, j + 4) = the A registers (dim 2 i: keys 2 t, 2 t + 1), (dim 2 i + 1: ...), the
-    // same for keys + 8.
+    // byte 0 feeds M block 0, byte 1 block 1. In the word [key 2 t, key 2 t + 8, key 2 t + 1,
+    // key 2 t + 9] of one byte, codes (j, j + 4) are the A registers (row g = the byte's low dim:
+    // keys 2 t, 2 t + 1), (row g + 8 = its high dim: the same keys), then both for keys + 8.
     auto v0 = recast<std::uint32_t>(vfrag0);
     auto v1 = recast<std::uint32_t>(vfrag1);
-    const int dim_byte = 2 * (4 * warp + g / 2) + 0;  // 4 dims of this thread: bytes b, b + 1
+    const int dim_byte = 16 * warp + 2 * g;  // dims 4 c .. 4 c + 3, c = 8 warp + g: bytes b, b + 1
 #pragma unroll
     for (int st = 0; st < 4; ++st) {
       std::uint32_t b[4], sc[4];
@@ -641,9 +639,9 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
       const std::uint32_t s_lo = cv::bf16x2_mul(lo_scale, cv::kE2m1ScaleUp);
       const std::uint32_t s_hi = cv::bf16x2_mul(hi_scale, cv::kE2m1ScaleUp);
       const std::uint32_t ab = cv::prmt(b[0], b[1], 0x5140);  // bytes k0.0 k1.0 k0.1 k1.1
-      const std::uint32_t cd = cv::prmt(b[2], b[3], 0x5140);
-      const std::uint32_t w0 = cv::prmt(ab, cd, 0x5410);  // byte 0 of the four keys
-      const std::uint32_t w1 = cv::prmt(ab, cd, 0x7632);  // byte 1
+      const std::uint32_t cd = cv::prmt(b[2], b[3], 0x5140);  // the same of keys + 8
+      const std::uint32_t w0 = cv::prmt(ab, cd, 0x5140);      // k0.0 k8.0 k1.0 k9.0
+      const std::uint32_t w1 = cv::prmt(ab, cd, 0x7362);      // k0.1 k8.1 k1.1 k9.1
       v0(4 * st + 0) = cv::e2m1_pair_times_scale<0, true>(w0, s_lo);
       v0(4 * st + 1) = cv::e2m1_pair_times_scale<1, true>(w0, s_lo);
       v0(4 * st + 2) = cv::e2m1_pair_times_scale<2, true>(w0, s_hi);
