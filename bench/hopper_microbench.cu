@@ -551,16 +551,20 @@ void wgmma_rs_nvfp4_case(float* sink) {
           {"codes_per_clk_per_sm", kConvert ? codes_per_clk : 0.0}});
 }
 
-// A whole NVFP4 page of that tile without its softmax (its exchange and P^T stores, costed apart
-// in docs/performance.md): each of two warpgroups widens its 64 keys' K codes into S^T's A
+// A whole NVFP4 page of that tile, with its softmax or without (kSoftmax): each of two
+// warpgroups widens its 64 keys' K codes into S^T's A
 // fragments (M 64 keys, K 128 dims) and their V codes into O^T's (M 64 dims twice, K 64 keys:
 // n-tile-free dim order, thread (g, t) takes dims 4 c + {0, 1} (M block 0) and + {2, 3} (block 1)
 // of keys 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of each 16-key step, a byte permute pairing two keys'
 // codes as register_pv does), then runs S^T = K Q_r^T (8 x m64n16k16) and O_r^T += V^T P_r^T
-// (2 x 4 x m64n16k16) for kRows rows, B tiles from shared memory. The two warpgroups alternate
-// between widening and MMAs by themselves. Clocks a page per SM: the tile's page rate without
-// HBM, selection or softmax.
-template <int kRows>
+// (2 x 4 x m64n16k16) for kRows rows, B tiles from shared memory. With kSoftmax, between the two
+// products each row's online softmax along M: the column (head) max of the warp's keys by
+// shuffles, the warpgroup's by a shared-memory exchange and a named barrier, O^T rescaled, P
+// written as the row's P^T tile (bf16), then a proxy fence and a barrier before O^T's wgmma reads
+// it. (The accumulators' values mean nothing: the data are arbitrary; the work is the tile's.)
+// The two warpgroups alternate between widening and MMAs by themselves. Clocks a page per SM: the
+// tile's page rate without HBM or selection.
+template <int kRows, bool kSoftmax>
 __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, float* sink) {
   using namespace cute;
   namespace cv = flashmsa::cuda::convert;
@@ -576,6 +580,8 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
   auto* p_base = q_base + kRows * cosize(q_layout);
   const int b_bytes = (kRows * cosize(q_layout) + 2 * kRows * cosize(p_layout)) * 2;
   std::uint8_t* codes = smem + b_bytes;
+  // kSoftmax: each warp's column maxima, [warpgroup][warp][16 heads]
+  auto* exchange = reinterpret_cast<float*>(codes + 2 * kCodeTiles * kTileBytes);
   const int total = b_bytes + 2 * kCodeTiles * kTileBytes;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
     const std::uint32_t h = (i * 2654435761u) >> 13;
@@ -652,6 +658,63 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
       v1(4 * st + 3) = cv::e2m1_pair_times_scale<3, true>(w1, s_hi);
     }
   };
+  // kSoftmax: each row's running max and sum of the thread's four columns (heads 2 t, 2 t + 1,
+  // 2 t + 8, 2 t + 9: accumulator elements {0, 2}, {1, 3}, {4, 6}, {5, 7} of the m64n16 layout).
+  float row_max[kRows][4], row_sum[kRows][4];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) row_max[r][c] = -INFINITY, row_sum[r][c] = 0.0f;
+  }
+  const auto p_tile = [&](int r) {
+    return make_tensor(make_smem_ptr(p_base + (wg * kRows + r) * cosize(p_layout)), p_layout);
+  };
+  const auto warpgroup_barrier = [&] {
+    asm volatile("bar.sync %0, 128;" ::"r"(1 + wg) : "memory");
+  };
+  const auto softmax = [&](int r) {
+    auto& sv = s_acc[r];
+    float cm[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) cm[c] = fmaxf(sv(c % 2 + 4 * (c / 2)), sv(c % 2 + 4 * (c / 2) + 2));
+#pragma unroll
+    for (int off = 4; off <= 16; off *= 2) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) cm[c] = fmaxf(cm[c], __shfl_xor_sync(0xffffffffu, cm[c], off));
+    }
+    float* mine = exchange + (wg * 4 + warp) * 16;
+    if (g == 0) {
+      *reinterpret_cast<float2*>(mine + 2 * t) = make_float2(cm[0], cm[1]);
+      *reinterpret_cast<float2*>(mine + 8 + 2 * t) = make_float2(cm[2], cm[3]);
+    }
+    warpgroup_barrier();
+    float alpha[4];
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      const int head = 2 * t + c % 2 + 8 * (c / 2);
+      float mx = exchange[wg * 64 + head];
+#pragma unroll
+      for (int w = 1; w < 4; ++w) mx = fmaxf(mx, exchange[(wg * 4 + w) * 16 + head]);
+      const float new_max = fmaxf(row_max[r][c], mx * 0.12752f);  // the score scale, log2 units
+      alpha[c] = exp2f(row_max[r][c] - new_max);
+      row_max[r][c] = new_max;
+      row_sum[r][c] *= alpha[c];
+    }
+#pragma unroll
+    for (int mb = 0; mb < 2; ++mb) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) o_acc[r][mb](i) *= alpha[i % 2 + 2 * (i / 4)];
+    }
+    auto sp = p_tile(r);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int c = i % 2 + 2 * (i / 4);
+      const float p = exp2f(sv(i) * 0.12752f - row_max[r][c]);
+      row_sum[r][c] += p;
+      const int key = 16 * warp + g + 8 * ((i / 2) % 2), head = 2 * t + i % 2 + 8 * (i / 4);
+      sp(head, key) = bfloat16_t(p);
+    }
+  };
   for (int it = 0; it < iters; ++it) {
     widen(it % kCodeTiles);
     warpgroup_fence_operand(kfrag);
@@ -666,16 +729,47 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
     warpgroup_arrive();
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
+      mma.accumulate_ = kSoftmax ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;  // S^T a page
       CUTE_UNROLL
-      for (int k = 0; k < 8; ++k) gemm(mma, kfrag(_, _, k), qf[r](_, _, k), s_acc[r]);
-      CUTE_UNROLL
-      for (int k = 0; k < 4; ++k) {
-        gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
-        gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
+      for (int k = 0; k < 8; ++k) {
+        gemm(mma, kfrag(_, _, k), qf[r](_, _, k), s_acc[r]);
+        mma.accumulate_ = GMMA::ScaleOut::One;
+      }
+      if constexpr (!kSoftmax) {
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
+          gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
+        }
       }
     }
     warpgroup_commit_batch();
     warpgroup_wait<0>();
+    if constexpr (kSoftmax) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        warpgroup_fence_operand(s_acc[r]);
+        softmax(r);
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // P^T -> the wgmma's reads
+      warpgroup_barrier();
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        warpgroup_fence_operand(o_acc[r][0]);
+        warpgroup_fence_operand(o_acc[r][1]);
+      }
+      warpgroup_arrive();
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        CUTE_UNROLL
+        for (int k = 0; k < 4; ++k) {
+          gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
+          gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
+        }
+      }
+      warpgroup_commit_batch();
+      warpgroup_wait<0>();
+    }
     warpgroup_fence_operand(kfrag);
     warpgroup_fence_operand(vfrag0);
     warpgroup_fence_operand(vfrag1);
@@ -687,24 +781,29 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
     warpgroup_fence_operand(o_acc[r][0]);
     warpgroup_fence_operand(o_acc[r][1]);
     for (int i = 0; i < size(s_acc[r]); ++i) sum += s_acc[r](i) + o_acc[r][0](i) + o_acc[r][1](i);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) sum += row_sum[r][c];
   }
   if (sum == 1.2345f) sink[0] = sum;
 }
 
-template <int kRows>
+template <int kRows, bool kSoftmax>
 void nvfp4_page_skeleton_case(float* sink) {
-  auto kernel = nvfp4_page_skeleton_kernel<kRows>;
-  const int smem = (kRows * 16 * 128 + 2 * kRows * 16 * 64) * 2 + 2 * 4 * 2 * (64 * 64 + 64 * 8);
+  auto kernel = nvfp4_page_skeleton_kernel<kRows, kSoftmax>;
+  const int smem = (kRows * 16 * 128 + 2 * kRows * 16 * 64) * 2 + 2 * 4 * 2 * (64 * 64 + 64 * 8) +
+                   2 * 4 * 16 * 4;  // the softmax's exchange
   set_smem(kernel, smem);
   const int iters = 2048;
   const double us = time_us([&] { kernel<<<g_sms, 256, smem>>>(iters, sink); }, 3);
   const double clocks_per_page = us * 1e-6 * g_clock_ghz * 1e9 / iters;  // one page a CTA an SM
   record("wgmma",
          "NVFP4 decode page skeleton: K and V widened once, S^T and O^T (m64n16k16, A from "
-         "registers) for " +
-             std::to_string(kRows) + " row" + (kRows > 1 ? "s" : "") + ", 2 warpgroups/SM",
+         "registers)" +
+             std::string(kSoftmax ? " with the softmax" : "") + " for " + std::to_string(kRows) +
+             " row" + (kRows > 1 ? "s" : "") + ", 2 warpgroups/SM",
          clocks_per_page, "clk/page/SM",
          {{"rows", kRows},
+          {"softmax", kSoftmax},
           {"codes_per_clk_per_sm", 128.0 * 256 / clocks_per_page},
           {"tflops", 2.0 * 128 * 16 * 128 * 2 * kRows * iters * g_sms / us * 1e-6}});
 }
@@ -719,9 +818,12 @@ void bench_wgmma_rs_nvfp4(float* sink) {
   wgmma_rs_nvfp4_case<true, 16, 1, 2>(sink);
   wgmma_rs_nvfp4_case<false, 16, 4, 2>(sink);
   wgmma_rs_nvfp4_case<true, 16, 4, 2>(sink);
-  nvfp4_page_skeleton_case<1>(sink);
-  nvfp4_page_skeleton_case<2>(sink);
-  nvfp4_page_skeleton_case<4>(sink);
+  nvfp4_page_skeleton_case<1, false>(sink);
+  nvfp4_page_skeleton_case<2, false>(sink);
+  nvfp4_page_skeleton_case<4, false>(sink);
+  nvfp4_page_skeleton_case<1, true>(sink);
+  nvfp4_page_skeleton_case<2, true>(sink);
+  nvfp4_page_skeleton_case<4, true>(sink);
 }
 
 // ---- In-register conversions ----
