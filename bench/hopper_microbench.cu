@@ -580,7 +580,8 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
   auto* p_base = q_base + kRows * cosize(q_layout);
   const int b_bytes = (kRows * cosize(q_layout) + 2 * kRows * cosize(p_layout)) * 2;
   std::uint8_t* codes = smem + b_bytes;
-  // kSoftmax: each warp's column maxima, [warpgroup][warp][16 heads]
+  // kSoftmax: each warp's column maxima, [warpgroup][row][warp][16 heads] (a row its own slots:
+  // no warp overwrites a row's maxima before every warp has read them)
   auto* exchange = reinterpret_cast<float*>(codes + 2 * kCodeTiles * kTileBytes);
   const int total = b_bytes + 2 * kCodeTiles * kTileBytes;
   for (int i = threadIdx.x; i < total; i += blockDim.x) {
@@ -682,7 +683,8 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
 #pragma unroll
       for (int c = 0; c < 4; ++c) cm[c] = fmaxf(cm[c], __shfl_xor_sync(0xffffffffu, cm[c], off));
     }
-    float* mine = exchange + (wg * 4 + warp) * 16;
+    float* const rows = exchange + (wg * kRows + r) * 64;
+    float* mine = rows + warp * 16;
     if (g == 0) {
       *reinterpret_cast<float2*>(mine + 2 * t) = make_float2(cm[0], cm[1]);
       *reinterpret_cast<float2*>(mine + 8 + 2 * t) = make_float2(cm[2], cm[3]);
@@ -692,9 +694,9 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
       const int head = 2 * t + c % 2 + 8 * (c / 2);
-      float mx = exchange[wg * 64 + head];
+      float mx = rows[head];
 #pragma unroll
-      for (int w = 1; w < 4; ++w) mx = fmaxf(mx, exchange[(wg * 4 + w) * 16 + head]);
+      for (int w = 1; w < 4; ++w) mx = fmaxf(mx, rows[w * 16 + head]);
       const float new_max = fmaxf(row_max[r][c], mx * 0.12752f);  // the score scale, log2 units
       alpha[c] = exp2f(row_max[r][c] - new_max);
       row_max[r][c] = new_max;
@@ -791,7 +793,7 @@ template <int kRows, bool kSoftmax>
 void nvfp4_page_skeleton_case(float* sink) {
   auto kernel = nvfp4_page_skeleton_kernel<kRows, kSoftmax>;
   const int smem = (kRows * 16 * 128 + 2 * kRows * 16 * 64) * 2 + 2 * 4 * 2 * (64 * 64 + 64 * 8) +
-                   2 * 4 * 16 * 4;  // the softmax's exchange
+                   2 * kRows * 4 * 16 * 4;  // the softmax's exchange
   set_smem(kernel, smem);
   const int iters = 2048;
   const double us = time_us([&] { kernel<<<g_sms, 256, smem>>>(iters, sink); }, 3);
