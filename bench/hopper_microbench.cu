@@ -717,6 +717,13 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
       sp(head, key) = bfloat16_t(p);
     }
   };
+  const auto o_products = [&](int r) {  // O_r^T += V^T P_r^T: both M blocks, 4 steps of 16 keys
+    CUTE_UNROLL
+    for (int k = 0; k < 4; ++k) {
+      gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
+      gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
+    }
+  };
   for (int it = 0; it < iters; ++it) {
     widen(it % kCodeTiles);
     warpgroup_fence_operand(kfrag);
@@ -737,13 +744,7 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
         gemm(mma, kfrag(_, _, k), qf[r](_, _, k), s_acc[r]);
         mma.accumulate_ = GMMA::ScaleOut::One;
       }
-      if constexpr (!kSoftmax) {
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
-          gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
-        }
-      }
+      if constexpr (!kSoftmax) o_products(r);
     }
     warpgroup_commit_batch();
     warpgroup_wait<0>();
@@ -762,13 +763,7 @@ __global__ void __launch_bounds__(256, 1) nvfp4_page_skeleton_kernel(int iters, 
       }
       warpgroup_arrive();
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int k = 0; k < 4; ++k) {
-          gemm(mma, vfrag0(_, _, k), pf[r](_, _, k), o_acc[r][0]);
-          gemm(mma, vfrag1(_, _, k), pf[r](_, _, k), o_acc[r][1]);
-        }
-      }
+      for (int r = 0; r < kRows; ++r) o_products(r);
       warpgroup_commit_batch();
       warpgroup_wait<0>();
     }
