@@ -389,20 +389,6 @@ struct IndexBatch {
   }
 };
 
-void prefill_indexer(std::int64_t len) {
-  IndexBatch b(1, len, len, 1);
-  const TensorView seq = TensorView::contiguous(static_cast<void*>(b.seq_lens.ptr), DType::kInt32,
-                                                {1}, flashmsa::Device::kCuda);
-  const TensorView cu = TensorView::contiguous(static_cast<void*>(b.cu_seqlens.ptr), DType::kInt32,
-                                               {2}, flashmsa::Device::kCuda);
-  const PrefillBatch batch{cu, seq, b.table_view(0)};
-  const Stat s =
-      time_it([&](int) { index_prefill(m3(), b.q(), b.view(), batch, b.outputs()); }, 10);
-  const double flops = 2.0 * 128 * 4 * (double(len) * (len + 1) / 2);
-  report("indexer prefill (score + top-k), 1 x " + std::to_string(len / 1024) + "K",
-         flops / s.median_s / 1e12, "TFLOP/s", flops / s.median_s / 1e12 / g_gemm_tflops, s);
-}
-
 void decode_indexer(std::int64_t requests, std::int64_t len) {
   // Rotate page sets so the working set exceeds 2x the 60 MB L2.
   const std::int64_t bytes_per_step = requests * len * 256;
@@ -609,6 +595,51 @@ struct Caches {
                                       flashmsa::Device::kCuda, index_scales.buffer());
   }
 };
+
+// The prefill indexer (score + top-k) of one request: `rows` query rows after a prefix of
+// `prefix` tokens, in `kind`'s index cache (E4M3 queries for the fp8 indexer), scattered pages.
+// FLOPs: 2 x 4 index heads x 128 per (row, visible key). The headline keys read these by name.
+std::map<std::string, double> g_prefill_indexer;  // "bf16 32K" etc.: TFLOP/s; "...ms": time
+
+void prefill_indexer(const CacheKind& kind, std::int64_t prefix, std::int64_t rows) {
+  const Config c = config_for(kind);
+  const std::int64_t len = prefix + rows, max_blocks = (len + 127) / 128;
+  Caches caches(kind, max_blocks);
+  const DeviceArray<std::int32_t> table(IndexBatch::table(1, max_blocks, 1));
+  const DeviceArray<std::int32_t> seq(std::vector<std::int32_t>{static_cast<std::int32_t>(len)});
+  const DeviceArray<std::int32_t> cu(std::vector<std::int32_t>{0, static_cast<std::int32_t>(rows)});
+  const bool fp8_index = c.indexer_kv_dtype == "fp8";
+  DeviceArray<std::uint16_t> iq(std::size_t(rows) * 4 * 128);
+  if (fp8_index) {
+    fill_bytes(iq.ptr, std::size_t(rows) * 4 * 128, 52, ByteFill::kE4m3);
+  } else {
+    fill(iq.ptr, iq.n, 52);
+  }
+  DeviceArray<std::int32_t> topk(std::size_t(4 * rows * 16));
+  DeviceArray<std::uint8_t> workspace(std::size_t(index_workspace_bytes(c, rows, 1, max_blocks)));
+  const auto dev = flashmsa::Device::kCuda;
+  const TensorView q = TensorView::contiguous(
+      static_cast<void*>(iq.ptr), fp8_index ? DType::kFp8E4m3 : DType::kBf16, {rows, 4, 128}, dev);
+  const PrefillBatch batch{
+      TensorView::contiguous(static_cast<void*>(cu.ptr), DType::kInt32, {2}, dev),
+      TensorView::contiguous(static_cast<void*>(seq.ptr), DType::kInt32, {1}, dev),
+      TensorView::contiguous(static_cast<void*>(table.ptr), DType::kInt32, {1, max_blocks}, dev)};
+  IndexOutputs out;
+  out.topk =
+      TensorView::contiguous(static_cast<void*>(topk.ptr), DType::kInt32, {4, rows, 16}, dev);
+  out.workspace = TensorView::contiguous(static_cast<void*>(workspace.ptr), DType::kUint8,
+                                         {std::int64_t(workspace.n)}, dev);
+  const Stat st = time_it([&](int) { index_prefill(c, q, caches.index_view, batch, out); }, 10);
+  const double flops = 2.0 * 128 * 4 * (double(rows) * prefix + double(rows) * (rows + 1) / 2);
+  const double tflops = flops / st.median_s / 1e12;
+  const double ceiling = fp8_index ? g_fp8_gemm_tflops : g_gemm_tflops;
+  std::string shape = std::to_string(rows / 1024) + "K";
+  if (prefix > 0) shape += " after " + std::to_string(prefix / 1024) + "K";
+  report(std::string("indexer prefill (score + top-k) ") + kind.name + ", 1 x " + shape, tflops,
+         "TFLOP/s", tflops / ceiling, st);
+  g_prefill_indexer[std::string(kind.name) + " " + shape] = tflops;
+  g_prefill_indexer[std::string(kind.name) + " " + shape + " ms"] = st.median_s * 1e3;
+}
 
 // Index queries [rows, 4, 128]: bf16, or E4M3 for the fp8 indexer. Coherent: the rows of each
 // aligned 64-row tile share most of their query (a tile draw plus a quarter-weight row draw), as
@@ -1388,6 +1419,16 @@ nlohmann::ordered_json headline() {
     h["projection_fp8_T1_weight_read_us"] = g_projection_weight_bound_tp1_us;
   }
   if (const auto* p = projection_point(8, 1)) h["projection_fp8_T1_tp8_us"] = p->us;
+  // The prefill indexer's floors (score + top-k, 1 request).
+  for (const auto& [key, shape] : {std::pair{"prefill_indexer_bf16_8K_tflops", "bf16 8K"},
+                                   {"prefill_indexer_bf16_32K_tflops", "bf16 32K"},
+                                   {"prefill_indexer_bf16_128K_tflops", "bf16 128K"},
+                                   {"prefill_indexer_fp8_32K_tflops", "fp8 32K"},
+                                   {"prefill_indexer_fp8_128K_tflops", "fp8 128K"},
+                                   {"prefill_indexer_nvfp4_32K_tflops", "nvfp4 32K"},
+                                   {"prefill_indexer_4K_after_32K_ms", "bf16 4K after 32K ms"}}) {
+    if (auto it = g_prefill_indexer.find(shape); it != g_prefill_indexer.end()) h[key] = it->second;
+  }
   if (!g_decode_points.empty()) {
     double worst = 0;
     for (const DecodePoint& d : g_decode_points)
@@ -1479,9 +1520,13 @@ int main(int argc, char** argv) {
   }
   // The ceilings always run first: every figure is a ratio to them.
   const std::vector<std::pair<std::string, std::function<void()>>> cases{
-      {"indexer prefill 8K", [] { prefill_indexer(8192); }},
-      {"indexer prefill 32K", [] { prefill_indexer(32768); }},
-      {"indexer prefill 128K", [] { prefill_indexer(131072); }},
+      {"indexer prefill 8K", [] { prefill_indexer(kCacheKinds[0], 0, 8192); }},
+      {"indexer prefill 32K", [] { prefill_indexer(kCacheKinds[0], 0, 32768); }},
+      {"indexer prefill 128K", [] { prefill_indexer(kCacheKinds[0], 0, 131072); }},
+      {"indexer prefill 4K after 32K", [] { prefill_indexer(kCacheKinds[0], 32768, 4096); }},
+      {"indexer prefill fp8 32K", [] { prefill_indexer(kCacheKinds[1], 0, 32768); }},
+      {"indexer prefill fp8 128K", [] { prefill_indexer(kCacheKinds[1], 0, 131072); }},
+      {"indexer prefill nvfp4 32K", [] { prefill_indexer(kCacheKinds[2], 0, 32768); }},
       {"indexer decode 64x32K", [] { decode_indexer(64, 32768); }},
       {"indexer decode 128x32K", [] { decode_indexer(128, 32768); }},
       {"indexer decode 1x8K", [] { decode_indexer(1, 8192); }},

@@ -3,7 +3,8 @@
 //
 // Tolerances: a block score is an fp32 dot product of 128 exact products, so it may differ from
 // the fp64 value by the standard bound n * 2^-24 * sum|q_d k_d| (n = 128); the check allows that
-// bound. Selection must match the oracle exactly, except where a block that one side chose and
+// bound (the fp8 indexer, E4M3 queries and keys, 2^-10 sum|q_d k_d| more: the spec lets it sum on
+// the fp8 tensor cores). Selection must match the oracle exactly, except where a block that one side chose and
 // the other did not has a score within those bounds of the k-th selected score (a near-tie:
 // accumulation order decides it). The count of near-ties is returned and must stay tiny.
 #pragma once

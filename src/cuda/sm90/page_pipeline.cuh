@@ -49,6 +49,10 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* barrier
       "r"(bytes)
       : "memory");
 }
+// One arrival on the barrier (no transaction bytes).
+__device__ __forceinline__ void mbarrier_arrive(std::uint64_t* barrier) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(barrier)) : "memory");
+}
 // Waits until the phase of the given parity has completed.
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, std::uint32_t parity) {
   asm volatile(

@@ -9,6 +9,9 @@
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/indexer/index_score_launch.hpp"
+#if FLASHMSA_WGMMA_INDEXER
+#include "src/cuda/sm90/indexer/index_prefill_launch.hpp"
+#endif
 #include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
 #include "src/cuda/sm90/indexer/indexer_host.hpp"
 #include "src/index_workspace.hpp"
@@ -31,6 +34,15 @@ constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's sha
 std::int64_t decode_split_pages(DType index_cache) {
   return index_cache == DType::kNvfp4 ? 16 : kIndexScoreMaxSplitPages;
 }
+
+#if FLASHMSA_WGMMA_INDEXER
+// The blocks one CTA of the wgmma prefill scoring takes: long splits pay each CTA's start (its
+// queries, its ring's first pages) less often, short ones balance the SMs better where the whole
+// prefill is a few waves (a table of 64 blocks: 8K tokens).
+std::int32_t prefill_wgmma_split_pages(std::int64_t max_blocks) {
+  return max_blocks <= 64 ? 16 : max_blocks <= 512 ? 32 : 64;
+}
+#endif
 
 struct Launch {
   IndexScoreParams score;
@@ -141,6 +153,11 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
   l.score.tile_offset = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.tile_offset);
   l.score.pages_per_split = kPrefillPagesPerSplit;
   const int tile_rows = IndexScorePrefillTraits::kVectors / l.score.num_index_heads;
+#if FLASHMSA_WGMMA_INDEXER
+  // bf16 keys, and E4M3 keys under E4M3 queries, are scored on the wgmma kernel (same tiles).
+  const std::optional<CUtensorMap> wgmma_keys = index_prefill_wgmma_keys(cache, l.query_fp8);
+  if (wgmma_keys) l.score.pages_per_split = prefill_wgmma_split_pages(l.score.max_blocks);
+#endif
 
   IndexPlanParams plan;
   plan.cu_seqlens = batch.cu_seqlens_q.as<const std::int32_t>();
@@ -161,9 +178,17 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
       launch_index_plan(plan, l.stream);
       const dim3 grid(static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
                       static_cast<unsigned>(ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1),
-                                                     kPrefillPagesPerSplit)));
-      launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
-                                                  l.stream);
+                                                     l.score.pages_per_split)));
+#if FLASHMSA_WGMMA_INDEXER
+      if (wgmma_keys) {
+        launch_index_prefill_wgmma(*wgmma_keys, l.score, l.cache_dtype, l.query_fp8, grid,
+                                   l.stream);
+      } else
+#endif
+      {
+        launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
+                                                    l.stream);
+      }
     }
     launch_topk(l, hkv);
   }

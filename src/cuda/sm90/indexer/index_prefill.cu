@@ -1,0 +1,30 @@
+// Host side of the wgmma prefill indexer: its instantiations, their choice by pairing, and the
+// index-K tensor map.
+#include "src/cuda/sm90/indexer/index_prefill_kernel.cuh"
+#include "src/cuda/sm90/indexer/index_prefill_launch.hpp"
+#include "src/cuda/sm90/tma.hpp"
+
+namespace flashmsa::cuda {
+
+std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache, bool query_fp8) {
+  if (cache.dtype == DType::kBf16)
+    return page_plane_tensor_map(cache.k, cache.num_pages, 128, 2, 64);
+  if (cache.dtype == DType::kFp8E4m3 && query_fp8) {
+    return page_plane_tensor_map(cache.k, cache.num_pages, 128, 1, 128);
+  }
+  return std::nullopt;
+}
+
+void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score, DType cache,
+                                bool query_fp8, dim3 grid, cudaStream_t stream) {
+  IndexPrefillParams p{keys, score};
+  if (cache == DType::kFp8E4m3) {
+    launch_index_prefill_kernel<KvFormat::kE4m3, true>(p, grid, stream);
+  } else if (query_fp8) {
+    launch_index_prefill_kernel<KvFormat::kNative16, true>(p, grid, stream);
+  } else {
+    launch_index_prefill_kernel<KvFormat::kNative16, false>(p, grid, stream);
+  }
+}
+
+}  // namespace flashmsa::cuda

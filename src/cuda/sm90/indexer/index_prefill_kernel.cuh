@@ -1,0 +1,308 @@
+// index_prefill_kernel: the prefill indexer's block scores on Hopper's warpgroup tensor cores.
+//
+// One CTA scores a tile of 256 (query row, index head) vectors (64 rows of 4 heads) against the
+// index-K pages of one split of the tile's visible blocks. Warp-specialized:
+//   - warpgroup 0, one thread: the producer. It brings each page (128 keys x 128 dims) by TMA into
+//     a ring of kStages stages (tma.hpp's tensor map, 128-byte swizzle), each stage with a "full"
+//     mbarrier (transaction bytes) and an "empty" one (the consumers' release).
+//   - warpgroups 1 and 2: the consumers, 128 vectors each as two m64 tiles. The query vectors are
+//     the M dimension and the page's keys the N dimension (m64n128, K = 128 dims), so a row's
+//     block max over the page's 128 keys stays inside each thread's accumulator fragment: 31 max
+//     instructions and two shuffles a row, no shared-memory pass. The two tiles are software
+//     pipelined: one tile's block max (and score store) runs while the other tile's MMAs do.
+// bf16 keys multiply bf16 queries (E4M3 queries widened exactly to bf16 on load); E4M3 keys
+// multiply E4M3 queries on the native fp8 wgmma (spec section 4, "Exception, the fp8 indexer":
+// the four k32 steps accumulate in the tensor core, whose sum keeps about 14 significant bits,
+// within the spec's 2^-10 sum |q_i k_i|).
+// The causal mask and the rank order of the block max (NaN as -1e30, -0.0 as +0.0; a block that
+// ranks as NaN or has no page reports NaN) are index_score_kernel's; only block scores reach
+// memory (the workspace [Hidx, chunk rows, max_blocks]), the top-k kernel selects from them.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/launch.hpp"
+#include "src/cuda/sm90/indexer/indexer_params.hpp"
+#include "src/cuda/sm90/kv_format.hpp"
+#include "src/cuda/sm90/page_pipeline.cuh"
+#include "src/cuda/sm90/scheduler/tiles.cuh"
+#include "src/cuda/sm90/wgmma.cuh"
+
+namespace flashmsa::cuda {
+
+struct IndexPrefillParams {
+  CUtensorMap keys;        // the index-K plane (tma.hpp): boxes of 128 bytes x 128 tokens
+  IndexScoreParams score;  // as for index_score_kernel (its keys / key_scales are not read)
+};
+
+template <KvFormat kFormat, bool kQueryFp8>
+struct IndexPrefillTraits {
+  static_assert(kFormat == KvFormat::kNative16 || (kFormat == KvFormat::kE4m3 && kQueryFp8),
+                "the wgmma indexer multiplies bf16 x bf16 or E4M3 x E4M3");
+  static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;
+  static constexpr int kConsumers = 2, kMTiles = 2;           // warpgroups, m64 tiles each
+  static constexpr int kVectors = kConsumers * kMTiles * 64;  // (row, index head) pairs a CTA
+  static constexpr int kThreads = 128 * (1 + kConsumers);
+  static constexpr int kRowBytes = kFp8 ? 128 : 256;  // one query vector or key in shared memory
+  static constexpr int kHalves = kRowBytes / 128;     // SW128 tiles an operand (64-dim halves)
+  static constexpr int kKSteps = 4 * kHalves;         // 32 bytes of each row a step
+  static constexpr int kQueryBytes = kVectors * kRowBytes;
+  static constexpr int kPageBytes = 128 * kRowBytes;
+  static constexpr int kStages = kFp8 ? 8 : 4;
+  // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
+  static constexpr int kSmemBytes = 1024 + kQueryBytes + kStages * kPageBytes + 2 * kStages * 8;
+  // setmaxnreg: the producer warpgroup gives its registers to the consumers' accumulators.
+  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+};
+
+namespace index_prefill {
+
+// The consumer warpgroup c's 128 query vectors into the Q tile ([half][kVectors rows][128 B],
+// SW128), zeros past the tile's rows.
+template <class T, bool kQueryFp8>
+__device__ __forceinline__ void load_queries(const IndexScoreParams& p, const IndexTile& tile,
+                                             int c, int ct, int head_bits, std::byte* q_tile) {
+  constexpr int kChunks = T::kRowBytes / 16;  // 16-byte chunks of a stored vector
+  const auto* q = static_cast<const std::uint8_t*>(p.index_q);
+  const std::int64_t elem = kQueryFp8 ? 1 : 2;
+#pragma unroll 4
+  for (int i = ct; i < 128 * kChunks; i += 128) {
+    const int v = c * 128 + i / kChunks, chunk = i % kChunks;
+    const int row = v >> head_bits, head = v & ((1 << head_bits) - 1);
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < tile.rows) {
+      const std::uint8_t* vector =
+          q + ((tile.row + row) * p.q_row_stride + head * p.q_head_stride) * elem;
+      if constexpr (T::kFp8) {
+        // E4M3 as it is, 16 dims a chunk (rows are only 8-byte aligned).
+        const uint2 lo = *reinterpret_cast<const uint2*>(vector + chunk * 16);
+        const uint2 hi = *reinterpret_cast<const uint2*>(vector + chunk * 16 + 8);
+        value = make_uint4(lo.x, lo.y, hi.x, hi.y);
+      } else if constexpr (kQueryFp8) {
+        // E4M3 widened exactly to bf16, 8 dims a chunk.
+        const uint2 raw = *reinterpret_cast<const uint2*>(vector + chunk * 8);
+        const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
+        auto* o = reinterpret_cast<std::uint32_t*>(&value);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
+          o[j] = pack_bf16(f.x, f.y);
+        }
+      } else {
+        value = *reinterpret_cast<const uint4*>(vector + chunk * 16);
+      }
+    }
+    *reinterpret_cast<uint4*>(q_tile + (chunk / 8) * (T::kVectors * 128) +
+                              sw128_offset(v, chunk % 8)) = value;
+  }
+}
+
+// A consumer warpgroup's work on one page: its tiles' MMAs and their block maxima (member
+// functions, not lambdas: a lambda called at four places was not inlined, and its accumulator
+// arrays went to local memory).
+template <class T>
+struct Consumer {
+  const IndexScoreParams& p;
+  const IndexTile& tile;
+  const std::int32_t* table;  // the split's first block-table entry
+  std::int64_t block_begin;
+  const std::byte* q_tiles;  // the warpgroup's first query vector (half 0)
+  const std::byte* stages;
+  int head_bits, c, warp, lane;
+
+  __device__ __forceinline__ bool page_ok(std::int32_t page) const {
+    return page >= 0 && page < p.num_pages;
+  }
+
+  // Tile mt's S = Q K^T of page i into acc: kKSteps wgmmas of 32 bytes a row, one commit group.
+  __device__ __forceinline__ void issue(float (&acc)[64], int mt, int i) const {
+    const std::byte* a = q_tiles + mt * 64 * 128;
+    const std::byte* b = stages + (i % T::kStages) * T::kPageBytes;
+    wgmma_fence_accumulators(acc);
+    cute::warpgroup_arrive();
+#pragma unroll
+    for (int ks = 0; ks < T::kKSteps; ++ks) {
+      const int half = ks / 4, offset = (ks % 4) * 32;
+      const std::uint64_t da = sw128_descriptor(a + half * (T::kVectors * 128) + offset);
+      const std::uint64_t db = sw128_descriptor(b + half * (128 * 128) + offset);
+      if constexpr (T::kFp8) {
+        wgmma_64x128x32_e4m3(da, db, acc, ks > 0);
+      } else {
+        wgmma_64x128x16_bf16(da, db, acc, ks > 0);
+      }
+    }
+    cute::warpgroup_commit_batch();
+  }
+
+  // Tile mt's block maxima of page i, masked past each row's position, to the scores.
+  __device__ __forceinline__ void store_block_max(const float (&acc)[64], int mt, int i) const {
+    const float nan = __int_as_float(0x7fc00000);
+    const std::int64_t block = block_begin + i;
+    const std::int64_t first_key = block * 128;
+    const bool all_visible = first_key + 127 <= tile.pos;  // the tile's first row sees it all
+    const bool have_page = page_ok(table[i]);
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int v = c * 128 + mt * 64 + warp * 16 + lane / 4 + 8 * half;
+      const int row = v >> head_bits;
+      const std::int64_t pos = tile.pos + row;
+      const int last_key =
+          all_visible ? 127 : static_cast<int>(max64(-1, min64(127, pos - first_key)));
+      // The best number (fmaxf drops NaN): one instruction a key on the fully visible pages.
+      float m = -INFINITY;
+      if (all_visible) {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          m = fmaxf(m, fmaxf(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            float x = acc[4 * j + 2 * half + e];
+            if (8 * j + 2 * (lane % 4) + e > last_key) x = -INFINITY;
+            m = fmaxf(m, x);
+          }
+        }
+      }
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      // A NaN ranks as -1e30 (RankMax): it decides the key only where the best number is below
+      // that or there is none, so only there (rare; a warp-uniform branch) are NaNs looked for.
+      const bool low = !(m >= -1e30f);
+      if (__any_sync(0xffffffffu, low)) {
+        int any_nan = 0;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float x = acc[4 * j + 2 * half + e];
+            any_nan |= static_cast<int>(x != x) &
+                       static_cast<int>(8 * j + 2 * (lane % 4) + e <= last_key);
+          }
+        }
+        any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 1);
+        any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 2);
+        if (low && any_nan) m = -1e30f;
+      }
+      if (m == 0.0f) m = 0.0f;  // -0.0 ranks as +0.0
+      if (lane % 4 == 0 && row < tile.rows && pos >= 0 && block <= pos / 128) {
+        const int head = v & ((1 << head_bits) - 1);
+        // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
+        // CPU.
+        const float score = !have_page || m == -1e30f ? nan : m;
+        p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
+                     p.max_blocks +
+                 block] = score;
+      }
+    }
+  }
+};
+
+}  // namespace index_prefill
+
+template <KvFormat kFormat, bool kQueryFp8>
+__global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThreads, 1)
+    index_prefill_kernel(const __grid_constant__ IndexPrefillParams params) {
+  using T = IndexPrefillTraits<kFormat, kQueryFp8>;
+  const IndexScoreParams& p = params.score;
+  extern __shared__ std::byte smem_raw[];
+  std::byte* q_tile = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;
+  std::byte* stages = q_tile + T::kQueryBytes;
+  auto* full = reinterpret_cast<std::uint64_t*>(stages + T::kStages * T::kPageBytes);
+  std::uint64_t* empty = full + T::kStages;
+
+  wait_for_previous_kernel();                          // the planner's tiles
+  const int head_bits = __ffs(p.num_index_heads) - 1;  // a power of two (common_setup)
+  const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, T::kVectors >> head_bits);
+  if (tile.request < 0 || tile.rows <= 0) return;
+  const std::int64_t last_pos = tile.pos + tile.rows - 1;
+  if (last_pos < 0) return;
+  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, p.max_blocks);
+  const std::int64_t block_begin = std::int64_t{blockIdx.y} * p.pages_per_split;
+  const std::int64_t block_end = min64(block_begin + p.pages_per_split, tile_blocks);
+  if (block_begin >= block_end) return;
+  const int num_blocks = static_cast<int>(block_end - block_begin);
+  const std::int32_t* table = p.block_table + tile.request * p.table_stride + block_begin;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < T::kStages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 128 * T::kConsumers);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+
+  const int wg = threadIdx.x / 128;
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
+    if (threadIdx.x != 0) return;
+    // Page i into stage i % kStages once the consumers released its previous page; a block
+    // without a page completes its phase with no bytes (the consumers report it as NaN).
+    for (int i = 0; i < num_blocks; ++i) {
+      const int s = i % T::kStages;
+      if (i >= T::kStages) {
+        mbarrier_wait(&empty[s], static_cast<std::uint32_t>(i / T::kStages - 1) & 1u);
+      }
+      const std::int32_t page = table[i];
+      if (page >= 0 && page < p.num_pages) {
+        mbarrier_arrive_expect_tx(&full[s], T::kPageBytes);
+#pragma unroll
+        for (int h = 0; h < T::kHalves; ++h) {
+          tma_load_3d(&params.keys, &full[s], stages + s * T::kPageBytes + h * 128 * 128, h * 64, 0,
+                      page);
+        }
+      } else {
+        mbarrier_arrive(&full[s]);
+      }
+    }
+    return;
+  }
+
+  cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegisters>();
+  const int c = wg - 1, ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
+  index_prefill::load_queries<T, kQueryFp8>(p, tile, c, ct, head_bits, q_tile);
+  fence_proxy_async_shared();
+  named_barrier_sync(1 + c, 128);
+
+  // Page i's phase of its stage's full barrier is the (i / kStages)-th.
+  auto wait_full = [&](int i) {
+    mbarrier_wait(&full[i % T::kStages], static_cast<std::uint32_t>(i / T::kStages) & 1u);
+  };
+  // Per page: both tiles' MMAs issued, tile 0's maxima while tile 1's MMAs run, then tile 1's
+  // (while the other consumer warpgroup's MMAs keep the tensor cores busy). Tile 1's maxima
+  // overlapping the next page's tile-0 MMAs (a wait_group 1 across iterations) made ptxas
+  // serialize every wgmma (C7514).
+  const index_prefill::Consumer<T> consumer{
+      p, tile, table, block_begin, q_tile + c * 128 * 128, stages, head_bits, c, warp, lane};
+  float acc0[64], acc1[64];
+  for (int i = 0; i < num_blocks; ++i) {
+    wait_full(i);
+    consumer.issue(acc0, 0, i);
+    consumer.issue(acc1, 1, i);
+    cute::warpgroup_wait<1>();
+    wgmma_fence_accumulators(acc0);
+    consumer.store_block_max(acc0, 0, i);
+    cute::warpgroup_wait<0>();
+    wgmma_fence_accumulators(acc1);
+    consumer.store_block_max(acc1, 1, i);
+    mbarrier_arrive(&empty[i % T::kStages]);
+  }
+  allow_next_kernel();
+}
+
+// Host launcher of one instantiation (index_prefill.cu instantiates them).
+template <KvFormat kFormat, bool kQueryFp8>
+void launch_index_prefill_kernel(const IndexPrefillParams& p, dim3 grid, cudaStream_t stream) {
+  using T = IndexPrefillTraits<kFormat, kQueryFp8>;
+  launch_dependent_kernel(index_prefill_kernel<kFormat, kQueryFp8>, grid, T::kThreads,
+                          T::kSmemBytes, stream, p);
+}
+
+}  // namespace flashmsa::cuda

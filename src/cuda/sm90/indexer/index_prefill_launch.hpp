@@ -1,0 +1,25 @@
+// The wgmma prefill indexer (index_prefill_kernel.cuh) as the host sees it: which index-cache
+// and query pairings it runs, the TMA tensor map of the index-K plane, and the launch.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <optional>
+
+#include "flashmsa/cache.hpp"
+#include "src/cuda/sm90/indexer/indexer_params.hpp"
+
+namespace flashmsa::cuda {
+
+// The tensor map of the index-K plane where the wgmma kernel scores this pairing (bf16 keys with
+// bf16 or E4M3 queries, E4M3 keys with E4M3 queries) and TMA can describe the plane; nullopt:
+// the pairing takes index_score_kernel.
+std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache, bool query_fp8);
+
+// Launches the wgmma kernel: one CTA a (tile of 256 / Hidx rows, split of pages_per_split
+// blocks), as index_score_kernel's prefill grid.
+void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score, DType cache,
+                                bool query_fp8, dim3 grid, cudaStream_t stream);
+
+}  // namespace flashmsa::cuda
