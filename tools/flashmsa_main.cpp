@@ -92,7 +92,7 @@ CLI::Option* choice_option(CLI::App& app, const std::string& name, T& target,
 
 // Checks an output path before the run starts: the system's reason if it cannot be written.
 void check_writable(const std::string& option, const std::string& path) {
-  if (path.empty()) return;
+  if (path.empty() || path == "-") return;  // "-": standard output
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (!f) {
     std::fprintf(stderr, "flashmsa: cannot write %s %s: %s\n", option.c_str(), path.c_str(),
@@ -213,7 +213,9 @@ int run(const std::vector<std::string>& args) {
     report = tools::run_simulation(o, [&](double f, const char* phase) { bar.update(f, phase); });
   }
   if (!o.quiet) tools::print_report(report, o, stdout);
-  if (!o.json_path.empty()) {
+  if (o.json_path == "-") {
+    std::fputs(tools::report_json(report, o).c_str(), stdout);
+  } else if (!o.json_path.empty()) {
     std::ofstream f(o.json_path);
     if (!f) {
       std::fprintf(stderr, "flashmsa: cannot write --json %s\n", o.json_path.c_str());

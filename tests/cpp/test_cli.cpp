@@ -141,6 +141,34 @@ TEST(Cli, ArgumentErrorsNameTheOptionAndExitTwo) {
   }
 }
 
+// --json - writes the report's JSON to stdout (alone with --quiet), and creates no file "-".
+TEST(Cli, JsonToStdout) {
+  std::remove("-");
+  const Result r = run_cli(
+      "run --backend cpu --requests 1 --context 512 --chunk 512 "
+      "--decode-steps 1 --quiet --json -");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto json = nlohmann::json::parse(r.output);
+  EXPECT_EQ(json["prefill"]["tokens"], 512);
+  std::FILE* f = std::fopen("-", "r");
+  EXPECT_EQ(f, nullptr) << "a file named '-' was written";
+  if (f) std::fclose(f);
+}
+
+// The recall expectation counts the decode tokens: full coverage only when the top-k holds every
+// block the last decode token sees.
+TEST(Cli, RecallExpectationCountsDecodeTokens) {
+  const char* full = "expect 1.000 (top-k covers every block)";
+  // 2048 + 8 steps x 2 tokens = 2064 tokens: 17 blocks, more than the top-16.
+  Result r = run_cli("run --backend cpu --requests 1 --context 2048 --chunk 2048 --spec-tokens 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_EQ(r.output.find(full), std::string::npos) << r.output;
+  // 1024 + 16: 9 blocks, all selected.
+  r = run_cli("run --backend cpu --requests 1 --context 1024 --chunk 1024 --spec-tokens 1");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find(full), std::string::npos) << r.output;
+}
+
 TEST(Cli, HelpAndInfo) {
   Result r = run_cli("run --help");
   EXPECT_EQ(r.code, 0);

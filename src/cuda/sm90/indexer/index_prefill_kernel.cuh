@@ -182,8 +182,8 @@ struct Consumer {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
             const float x = acc[4 * j + 2 * half + e];
-            any_nan |= static_cast<int>(x != x) &
-                       static_cast<int>(8 * j + 2 * (lane % 4) + e <= last_key);
+            any_nan |=
+                static_cast<int>(x != x) & static_cast<int>(8 * j + 2 * (lane % 4) + e <= last_key);
           }
         }
         any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 1);
