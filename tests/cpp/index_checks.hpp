@@ -4,9 +4,10 @@
 // Tolerances: a block score is an fp32 dot product of 128 exact products, so it may differ from
 // the fp64 value by the standard bound n * 2^-24 * sum|q_d k_d| (n = 128); the check allows that
 // bound (the fp8 indexer, E4M3 queries and keys, 2^-10 sum|q_d k_d| more: the spec lets it sum on
-// the fp8 tensor cores). Selection must match the oracle exactly, except where a block that one side chose and
-// the other did not has a score within those bounds of the k-th selected score (a near-tie:
-// accumulation order decides it). The count of near-ties is returned and must stay tiny.
+// the fp8 tensor cores). Selection must match the oracle exactly, except on near-ties: every block
+// one side chose and the other did not could have outranked each block it displaced within the
+// two scores' bounds (accumulation order decides it). The count of near-ties is returned and
+// must stay tiny.
 #pragma once
 
 #include <cstdint>
