@@ -220,14 +220,11 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
   wait_for_previous_kernel();                          // the planner's tiles
   const int head_bits = __ffs(p.num_index_heads) - 1;  // a power of two (common_setup)
   const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, T::kVectors >> head_bits);
-  if (tile.request < 0 || tile.rows <= 0) return;
-  const std::int64_t last_pos = tile.pos + tile.rows - 1;
-  if (last_pos < 0) return;
-  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, p.max_blocks);
-  const std::int64_t block_begin = std::int64_t{blockIdx.y} * p.pages_per_split;
-  const std::int64_t block_end = min64(block_begin + p.pages_per_split, tile_blocks);
-  if (block_begin >= block_end) return;
-  const int num_blocks = static_cast<int>(block_end - block_begin);
+  const IndexSplit split =
+      index_split(tile, p.max_blocks, p.pages_per_split, static_cast<int>(blockIdx.y));
+  if (split.count <= 0) return;
+  const std::int64_t block_begin = split.begin;
+  const int num_blocks = split.count;
   const std::int32_t* table = p.block_table + tile.request * p.table_stride + block_begin;
 
   if (threadIdx.x == 0) {

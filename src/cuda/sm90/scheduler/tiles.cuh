@@ -87,4 +87,22 @@ __device__ inline IndexTile index_tile(const RowMap& m, const std::int32_t* tile
   return tile;
 }
 
+// The blocks [begin, begin + count) of a tile's visible blocks that split `split` (blockIdx.y) of
+// `pages_per_split` blocks scores; count 0: none (or the tile sees nothing).
+struct IndexSplit {
+  std::int64_t begin = 0;
+  int count = 0;
+};
+
+__device__ inline IndexSplit index_split(const IndexTile& tile, std::int64_t max_blocks,
+                                         int pages_per_split, int split) {
+  IndexSplit s;
+  const std::int64_t last_pos = tile.pos + tile.rows - 1;
+  if (tile.request < 0 || tile.rows <= 0 || last_pos < 0) return s;
+  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, max_blocks);
+  s.begin = std::int64_t{split} * pages_per_split;
+  s.count = static_cast<int>(max64(0, min64(s.begin + pages_per_split, tile_blocks) - s.begin));
+  return s;
+}
+
 }  // namespace flashmsa::cuda
