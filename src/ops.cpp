@@ -215,27 +215,31 @@ std::int64_t check_decode_batch(const DecodeBatch& b, Device device, std::int64_
   return num_requests;
 }
 
-// The checked mode's view of a batch: every device value consistent, or the first bad entry.
-void check_plan_values(const cpu::RowPlan& plan, const TensorView* cu_seqlens,
-                       std::int64_t num_rows) {
-  if (cu_seqlens) {
-    const auto* cu = cu_seqlens->as<const std::int32_t>();
-    const std::int64_t n = cu_seqlens->shape[0];
-    FLASHMSA_CHECK_ARG(cu[0] == 0, "batch.cu_seqlens_q[0] must be 0, got ", cu[0]);
-    for (std::int64_t r = 1; r < n; ++r) {
-      FLASHMSA_CHECK_ARG(cu[r * cu_seqlens->stride[0]] >= cu[(r - 1) * cu_seqlens->stride[0]],
-                         "batch.cu_seqlens_q must be non-decreasing, entry ", r, " is ",
-                         cu[r * cu_seqlens->stride[0]]);
-    }
-    FLASHMSA_CHECK_ARG(cu[(n - 1) * cu_seqlens->stride[0]] == num_rows,
-                       "batch.cu_seqlens_q[B] must equal the number of rows ", num_rows, ", got ",
-                       cu[(n - 1) * cu_seqlens->stride[0]]);
+// cu_seqlens_q splits the rows among the requests: it starts at 0, never decreases and ends at
+// the row count. The checked mode checks it; on host tensors every call does (it costs nothing).
+void check_cu_seqlens(const TensorView& cu_seqlens, std::int64_t num_rows) {
+  const auto* cu = cu_seqlens.as<const std::int32_t>();
+  const std::int64_t n = cu_seqlens.shape[0];
+  const std::int64_t stride = cu_seqlens.stride[0];
+  FLASHMSA_CHECK_ARG(cu[0] == 0, "batch.cu_seqlens_q[0] must be 0, got ", cu[0]);
+  for (std::int64_t r = 1; r < n; ++r) {
+    FLASHMSA_CHECK_ARG(cu[r * stride] >= cu[(r - 1) * stride],
+                       "batch.cu_seqlens_q must be non-decreasing, entry ", r, " is ",
+                       cu[r * stride]);
   }
+  FLASHMSA_CHECK_ARG(cu[(n - 1) * stride] == num_rows,
+                     "batch.cu_seqlens_q[B] must equal the number of rows ", num_rows, ", got ",
+                     cu[(n - 1) * stride]);
+}
+
+// The checked mode's view of a batch: every device value consistent, or the first bad entry.
+// `prefill`: rows are a prefill batch's (whose rows must all be real positions).
+void check_plan_values(const cpu::RowPlan& plan, bool prefill) {
   for (std::int64_t r = 0; r < plan.num_requests(); ++r) {
     std::int64_t p_max = -1;
     for (std::int64_t t = plan.row_begin[r]; t < plan.row_end[r]; ++t) {
       p_max = std::max(p_max, plan.position[t]);
-      FLASHMSA_CHECK_ARG(cu_seqlens == nullptr || plan.position[t] >= 0, "request ", r,
+      FLASHMSA_CHECK_ARG(!prefill || plan.position[t] >= 0, "request ", r,
                          ": seq_lens is smaller than its query rows");
     }
     FLASHMSA_CHECK_ARG(plan.needed_blocks(p_max) <= plan.max_blocks, "batch.seq_lens[", r,
@@ -369,14 +373,15 @@ void check_device_values(const PrefillBatch& batch, const TensorView* topk, std:
                          std::int64_t block, std::int64_t pages, void* stream) {
   const HostBatch host(batch, stream);
   const auto plan = cpu::plan_rows(host.prefill, rows, block, pages);
-  check_plan_values(plan, &host.prefill.cu_seqlens_q, rows);
+  check_cu_seqlens(host.prefill.cu_seqlens_q, rows);
+  check_plan_values(plan, true);
   if (topk) check_topk_values(HostTensor(*topk, stream).view, plan);
 }
 void check_device_values(const DecodeBatch& batch, const TensorView* topk, std::int64_t rows,
                          std::int64_t block, std::int64_t pages, void* stream) {
   const HostBatch host(batch, stream);
   const auto plan = cpu::plan_rows(host.decode, rows, block, pages);
-  check_plan_values(plan, nullptr, rows);
+  check_plan_values(plan, false);
   if (topk) check_topk_values(HostTensor(*topk, stream).view, plan);
 }
 
@@ -415,8 +420,9 @@ void index_prefill(const Config& config, const TensorView& index_q,
     cuda::index_prefill(config, index_q, index_cache, batch, outputs, options.stream);
     return;
   }
+  check_cu_seqlens(batch.cu_seqlens_q, index_q.shape[0]);
   const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
-  if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, index_q.shape[0]);
+  if (options.checked) check_plan_values(plan, true);
   cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);
 }
 
@@ -435,7 +441,7 @@ void index_decode(const Config& config, const TensorView& index_q,
     return;
   }
   const auto plan = cpu::plan_rows(batch, index_q.shape[0], s.block, index_cache.num_pages);
-  if (options.checked) check_plan_values(plan, nullptr, index_q.shape[0]);
+  if (options.checked) check_plan_values(plan, false);
   cpu::index_rows(config, index_q, index_cache, plan, outputs, options.num_threads);
 }
 
@@ -454,9 +460,10 @@ void sparse_attention_prefill(const Config& config, const TensorView& q,
     cuda::sparse_attention_prefill(config, q, kv_cache, batch, topk, outputs, options.stream);
     return;
   }
+  check_cu_seqlens(batch.cu_seqlens_q, q.shape[0]);
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
   if (options.checked) {
-    check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
+    check_plan_values(plan, true);
     check_topk_values(topk, plan);
   }
   cpu::attention_rows(config, q, kv_cache, plan, topk_selection(topk), outputs,
@@ -479,7 +486,7 @@ void sparse_attention_decode(const Config& config, const TensorView& q, const Kv
   }
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
   if (options.checked) {
-    check_plan_values(plan, nullptr, q.shape[0]);
+    check_plan_values(plan, false);
     check_topk_values(topk, plan);
   }
   cpu::attention_rows(config, q, kv_cache, plan, topk_selection(topk), outputs,
@@ -523,8 +530,9 @@ void dense_attention(const Config& config, const TensorView& q, const KvCacheVie
     cuda::dense_attention(config, q, kv_cache, batch, outputs, options.stream);
     return;
   }
+  check_cu_seqlens(batch.cu_seqlens_q, q.shape[0]);
   const auto plan = cpu::plan_rows(batch, q.shape[0], s.block, kv_cache.shape.num_pages);
-  if (options.checked) check_plan_values(plan, &batch.cu_seqlens_q, q.shape[0]);
+  if (options.checked) check_plan_values(plan, true);
   const cpu::BlockSelection all = [](std::int64_t, std::int64_t, std::int64_t nvb,
                                      std::vector<std::int32_t>& out) {
     for (std::int64_t b = 0; b < nvb; ++b) out.push_back(static_cast<std::int32_t>(b));

@@ -83,6 +83,8 @@ struct Config {
   // "fp8", which TensorRT-LLM allows only with implementation "msa") for fp8_e4m3, else bf16.
   void set_index_cache_dtype(DType dtype);
 
+  bool operator==(const Config&) const = default;  // field by field
+
   // Config value, then the model's, then the default; kv heads fall back to the q heads.
   ResolvedHeads resolve_heads(const ModelHeads& model = {}) const;
   float resolved_softmax_scale() const;

@@ -13,7 +13,9 @@ namespace flashmsa {
 
 struct OpOptions {
   // Validate values inside the tensors (slots, positions) before running, and throw naming the
-  // first offending entry instead of skipping it. Costs a host synchronisation on CUDA.
+  // first offending entry instead of skipping it. Costs a host synchronisation on CUDA. On host
+  // tensors, a prefill batch's cu_seqlens_q (0 first, non-decreasing, the row count last) is
+  // checked in every call: it is free there.
   bool checked = false;
   void* stream = nullptr;  // cudaStream_t for CUDA tensors; ignored on the CPU
   int num_threads = 0;     // CPU backend: worker threads (0: one per core)

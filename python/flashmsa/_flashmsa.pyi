@@ -31,7 +31,7 @@ class Config:
 
     def __init__(self, **kwargs) -> None:
         """
-        Config(**fields): MiniMax-M3's defaults with any field given by keyword, e.g. Config(kv_cache_dtype='fp8_e4m3', sparse_topk_blocks=32).
+        Config(**fields): MiniMax-M3's defaults with any field given by keyword, e.g. Config(kv_cache_dtype='fp8_e4m3', sparse_topk_blocks=32). index_cache_dtype also sets what it implies (see its property); a keyword beside it for those fields wins.
         """
 
     @property
@@ -131,15 +131,16 @@ class Config:
     def kv_cache_dtype(self, arg: str, /) -> None: ...
 
     @property
-    def index_cache_dtype(self) -> str: ...
+    def index_cache_dtype(self) -> str:
+        """
+        bf16, fp8_e4m3 or nvfp4. Setting it also sets what it implies, as C++'s Config::set_index_cache_dtype does: fp8_e4m3 selects the fp8 indexer (indexer_kv_dtype 'fp8', implementation 'msa'), the others indexer_kv_dtype 'bf16'.
+        """
 
     @index_cache_dtype.setter
     def index_cache_dtype(self, arg: str, /) -> None: ...
 
     def set_index_cache_dtype(self, dtype: str) -> None:
-        """
-        Set index_cache_dtype and what it implies (the fp8 indexer for fp8_e4m3).
-        """
+        """The same as assigning index_cache_dtype."""
 
     @property
     def softmax_scale(self) -> float | None: ...
@@ -177,6 +178,18 @@ class Config:
         """
 
     def __repr__(self) -> str: ...
+
+    def __eq__(self, arg: Config, /) -> bool: ...
+
+    def __ne__(self, arg: Config, /) -> bool: ...
+
+    def __copy__(self) -> Config: ...
+
+    def __deepcopy__(self, memo: object) -> Config: ...
+
+    def __getstate__(self) -> tuple: ...
+
+    def __setstate__(self, arg: tuple, /) -> None: ...
 
     def validate(self) -> list[str]:
         """
@@ -238,6 +251,8 @@ class KvCache:
     @v_scale.setter
     def v_scale(self, arg: float, /) -> None: ...
 
+    def __repr__(self) -> str: ...
+
 class IndexCache:
     """A view of the index-K side cache."""
 
@@ -252,6 +267,8 @@ class IndexCache:
 
     @property
     def page_size(self) -> int: ...
+
+    def __repr__(self) -> str: ...
 
 def kv_cache(layout: str, dtype: str, k: object, v: object | None = None, k_scales: object | None = None, v_scales: object | None = None, num_kv_heads: int | None = None, head_dim: int | None = None, k_scale: float = 1.0, v_scale: float = 1.0) -> KvCache:
     """
@@ -300,6 +317,8 @@ class CacheManager:
     def index_cache(self) -> IndexCache: ...
 
     def check_invariants(self) -> None: ...
+
+    def __repr__(self) -> str: ...
 
 def build_batch_metadata(decode: Sequence[tuple[int, int]], decode_query_len: int, prefill: Sequence[tuple[int, int]], decode_capacity: int = 0) -> dict:
     """

@@ -3,6 +3,7 @@
 // C++. flashmsa::Error becomes ValueError (bad arguments) or RuntimeError (anything else).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/operators.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
@@ -243,6 +244,27 @@ auto optional_int_setter(const char* name) {
   };
 }
 
+std::string kv_cache_repr(const KvCacheView& v) {
+  std::string out = "KvCache(dtype='" + std::string(to_string(v.dtype)) + "', device='" +
+                    std::string(to_string(v.device)) +
+                    "', num_pages=" + std::to_string(v.shape.num_pages) +
+                    ", num_kv_heads=" + std::to_string(v.shape.num_kv_heads) +
+                    ", head_dim=" + std::to_string(v.shape.head_dim) +
+                    ", page_size=" + std::to_string(v.shape.page_size);
+  if (v.dtype == DType::kFp8E4m3 || v.dtype == DType::kFp8E5m2) {
+    out += ", k_scale=" + std::string(nb::repr(nb::float_(v.k_scale)).c_str()) +
+           ", v_scale=" + std::string(nb::repr(nb::float_(v.v_scale)).c_str());
+  }
+  return out + ")";
+}
+
+std::string index_cache_repr(const IndexCacheView& v) {
+  return "IndexCache(dtype='" + std::string(to_string(v.dtype)) + "', device='" +
+         std::string(to_string(v.device)) + "', num_pages=" + std::to_string(v.num_pages) +
+         ", index_dim=" + std::to_string(v.index_dim) +
+         ", page_size=" + std::to_string(v.page_size) + ")";
+}
+
 }  // namespace
 
 NB_MODULE(_flashmsa, m) {
@@ -299,11 +321,19 @@ NB_MODULE(_flashmsa, m) {
                     ("Config has no field '" + name + "'; its fields are listed in Config.FIELDS")
                         .c_str());
               }
-              nb::setattr(py, key, value);
+            }
+            // index_cache_dtype first: it sets the indexer fields it implies, which a keyword
+            // given beside it then overrides (so repr(config) constructs an equal config).
+            if (fields.contains("index_cache_dtype")) {
+              nb::setattr(py, "index_cache_dtype", fields["index_cache_dtype"]);
+            }
+            for (auto [key, value] : fields) {
+              if (nb::cast<std::string>(key) != "index_cache_dtype") nb::setattr(py, key, value);
             }
           },
           "Config(**fields): MiniMax-M3's defaults with any field given by keyword, e.g. "
-          "Config(kv_cache_dtype='fp8_e4m3', sparse_topk_blocks=32).")
+          "Config(kv_cache_dtype='fp8_e4m3', sparse_topk_blocks=32). index_cache_dtype also sets "
+          "what it implies (see its property); a keyword beside it for those fields wins.")
       .def_rw("algorithm", &Config::algorithm)
       .def_prop_rw("sparse_num_index_heads", int_getter<&Config::sparse_num_index_heads>(),
                    int_setter<&Config::sparse_num_index_heads>("sparse_num_index_heads"))
@@ -338,15 +368,17 @@ NB_MODULE(_flashmsa, m) {
           "index_cache_dtype",
           [](const Config& c) { return std::string(to_string(c.index_cache_dtype)); },
           [](Config& c, const std::string& s) {
-            c.index_cache_dtype = parse_dtype_arg(s, "index_cache_dtype");
-          })
+            c.set_index_cache_dtype(parse_dtype_arg(s, "index_cache_dtype"));
+          },
+          "bf16, fp8_e4m3 or nvfp4. Setting it also sets what it implies, as C++'s "
+          "Config::set_index_cache_dtype does: fp8_e4m3 selects the fp8 indexer "
+          "(indexer_kv_dtype 'fp8', implementation 'msa'), the others indexer_kv_dtype 'bf16'.")
       .def(
           "set_index_cache_dtype",
           [](Config& c, const std::string& s) {
             c.set_index_cache_dtype(parse_dtype_arg(s, "index_cache_dtype"));
           },
-          nb::arg("dtype"),
-          "Set index_cache_dtype and what it implies (the fp8 indexer for fp8_e4m3).")
+          nb::arg("dtype"), "The same as assigning index_cache_dtype.")
       .def_rw("softmax_scale", &Config::softmax_scale)
       .def_prop_rw("rope_dim", int_getter<&Config::rope_dim>(),
                    int_setter<&Config::rope_dim>("rope_dim"))
@@ -389,6 +421,36 @@ NB_MODULE(_flashmsa, m) {
                       nb::repr(nb::getattr(self, field)).c_str();
              }
              return out + ")";
+           })
+      .def(nb::self == nb::self)
+      .def("__ne__", [](const Config& a, const Config& b) { return !(a == b); })
+      .def("__copy__", [](const Config& c) { return c; })
+      .def("__deepcopy__", [](const Config& c, nb::handle) { return c; }, nb::arg("memo"))
+      // Pickling (engines ship configs to worker processes): the fields in FIELDS order, restored
+      // exactly as they were, index_cache_dtype without what it implies.
+      .def("__getstate__",
+           [](nb::handle self) {
+             nb::list state;
+             for (const char* field : kConfigFields) state.append(nb::getattr(self, field));
+             return nb::tuple(state);
+           })
+      .def("__setstate__",
+           [](Config* self, const nb::tuple& state) {
+             if (state.size() != std::size(kConfigFields)) {
+               value_error("Config state must hold " + std::to_string(std::size(kConfigFields)) +
+                           " fields, got " + std::to_string(state.size()));
+             }
+             new (self) Config();
+             nb::handle py = nb::find(self);
+             nb::inst_mark_ready(py);
+             for (std::size_t i = 0; i < state.size(); ++i) {
+               if (std::string_view(kConfigFields[i]) == "index_cache_dtype") {
+                 self->index_cache_dtype =
+                     parse_dtype_arg(nb::cast<std::string>(state[i]), "index_cache_dtype");
+               } else {
+                 nb::setattr(py, kConfigFields[i], state[i]);
+               }
+             }
            })
       .def(
           "validate",
@@ -437,12 +499,14 @@ NB_MODULE(_flashmsa, m) {
       .def_prop_ro("head_dim", [](const KvCacheView& v) { return v.shape.head_dim; })
       .def_prop_ro("page_size", [](const KvCacheView& v) { return v.shape.page_size; })
       .def_rw("k_scale", &KvCacheView::k_scale)
-      .def_rw("v_scale", &KvCacheView::v_scale);
+      .def_rw("v_scale", &KvCacheView::v_scale)
+      .def("__repr__", [](const KvCacheView& v) { return kv_cache_repr(v); });
   nb::class_<IndexCacheView>(m, "IndexCache", "A view of the index-K side cache.")
       .def_prop_ro("dtype", [](const IndexCacheView& v) { return std::string(to_string(v.dtype)); })
       .def_prop_ro("num_pages", [](const IndexCacheView& v) { return v.num_pages; })
       .def_prop_ro("index_dim", [](const IndexCacheView& v) { return v.index_dim; })
-      .def_prop_ro("page_size", [](const IndexCacheView& v) { return v.page_size; });
+      .def_prop_ro("page_size", [](const IndexCacheView& v) { return v.page_size; })
+      .def("__repr__", [](const IndexCacheView& v) { return index_cache_repr(v); });
 
   m.def(
       "kv_cache",
@@ -549,7 +613,15 @@ NB_MODULE(_flashmsa, m) {
           "int64 [count] slots of positions [first, first + count).")
       .def_prop_ro("kv_cache", &CacheManager::kv_cache, nb::rv_policy::reference_internal)
       .def_prop_ro("index_cache", &CacheManager::index_cache, nb::rv_policy::reference_internal)
-      .def("check_invariants", &CacheManager::check_invariants);
+      .def("check_invariants", &CacheManager::check_invariants)
+      .def("__repr__", [](const CacheManager& cm) {
+        return "CacheManager(requests=" + std::to_string(cm.live_requests().size()) +
+               ", free_pages=" + std::to_string(cm.free_pages()) + "/" +
+               std::to_string(cm.num_pages()) + ", free_index_pages=" +
+               std::to_string(cm.free_index_pages()) + "/" + std::to_string(cm.num_index_pages()) +
+               ", kv_cache=" + kv_cache_repr(cm.kv_cache()) +
+               ", index_cache=" + index_cache_repr(cm.index_cache()) + ")";
+      });
 
   m.def(
       "build_batch_metadata",

@@ -294,6 +294,35 @@ def test_config_keywords_repr_orders_and_tensor_parallel():
     rank.config.check()
 
 
+def test_config_equality_pickling_and_the_index_dtype_keyword():
+    import copy
+    import pickle
+    c = flashmsa.Config(index_cache_dtype="fp8_e4m3", kv_cache_dtype="nvfp4", softmax_scale=0.1)
+    # One spelling: the keyword sets the fp8 indexer it implies, as set_index_cache_dtype does.
+    assert (c.indexer_kv_dtype, c.implementation) == ("fp8", "msa") and c.validate() == []
+    assert flashmsa.Config() == flashmsa.Config() and c != flashmsa.Config()
+    for copied in (pickle.loads(pickle.dumps(c)), copy.copy(c), copy.deepcopy(c),
+                   eval(repr(c), {"Config": flashmsa.Config})):
+        assert copied == c and repr(copied) == repr(c)
+    # A field set beside index_cache_dtype wins over what it implies (so does pickling's state).
+    odd = flashmsa.Config(index_cache_dtype="fp8_e4m3", implementation="triton")
+    assert odd.implementation == "triton" and pickle.loads(pickle.dumps(odd)) == odd
+    c.sparse_topk_blocks = 8
+    assert c != pickle.loads(pickle.dumps(flashmsa.Config(index_cache_dtype="fp8_e4m3")))
+
+
+def test_caches_and_cache_manager_print_what_they_hold():
+    cm = flashmsa.CacheManager(flashmsa.Config(kv_cache_dtype="fp8_e4m3"), num_pages=8)
+    cm.append(cm.add_request(), 300)
+    assert repr(cm.kv_cache) == ("KvCache(dtype='fp8_e4m3', device='cpu', num_pages=8, "
+                                 "num_kv_heads=4, head_dim=128, page_size=128, k_scale=1.0, "
+                                 "v_scale=1.0)")
+    assert repr(cm.index_cache) == ("IndexCache(dtype='bf16', device='cpu', num_pages=8, "
+                                    "index_dim=128, page_size=128)")
+    assert repr(cm).startswith("CacheManager(requests=1, free_pages=5/8, free_index_pages=5/8, "
+                               "kv_cache=KvCache(")
+
+
 def test_readme_example_prefill_then_decode_runs():
     """examples/prefill_then_decode.py is the README's Python example: it must keep running."""
     import pathlib
