@@ -5,7 +5,8 @@ numpy arrays (and CPU torch tensors) run on the CPU backend, CUDA tensors on the
 on the current torch stream (`stream=` overrides it; index and attention ops take a uint8 device
 `workspace` of index_workspace_bytes / attention_workspace_bytes bytes, allocated with torch when
 left out; pass it, and `out`, to allocate nothing). numpy has no bfloat16 or fp8, so
-uint16 arrays carry bf16 bits and uint8 arrays fp8 codes where an operation expects them.
+uint16 arrays carry bf16 bits and uint8 arrays fp8 codes where an operation expects them
+(`to_bf16` / `from_bf16` convert float arrays to and from those bits).
 
 Errors: ValueError for bad arguments (the message names the argument, the expected and the actual
 value), RuntimeError for configurations a backend cannot serve and for resource failures.
@@ -66,6 +67,7 @@ from ._flashmsa import (  # noqa: F401
     version,
 )
 
+from .bf16 import from_bf16, to_bf16  # noqa: E402
 from . import _flashmsa as _C  # noqa: E402
 from ._cuda_defaults import with_cuda_defaults as _with_cuda_defaults  # noqa: E402
 
@@ -113,7 +115,7 @@ __all__ = [
     "PROJECTION_LAYOUT_VERSION", "pack_qkv_index_projection", "produce_qkv_index",
     "project_qkv_index", "project_qkv_index_cpu", "projection_source",
     "projection_workspace_bytes", "sparse_attention_decode",
-    "sparse_attention_prefill", "sparse_decode_step", "version",
+    "sparse_attention_prefill", "sparse_decode_step", "from_bf16", "to_bf16", "version",
 ]
 
 try:  # torch custom ops (torch.ops.flashmsa.*), when torch is importable

@@ -275,7 +275,13 @@ NB_MODULE(_flashmsa, m) {
       std::rethrow_exception(p);
     } catch (const Error& e) {
       if (e.kind() == ErrorKind::kInvalidArgument) {
-        PyErr_SetString(PyExc_ValueError, e.message().c_str());
+        std::string message = e.message();
+        // A float array where bf16 is expected: say how numpy carries bf16.
+        if (message.find(" must have dtype bf16") != std::string::npos &&
+            message.find(", got fp32") != std::string::npos) {
+          message += " (numpy has no bf16: pass its bits as uint16, flashmsa.to_bf16(x))";
+        }
+        PyErr_SetString(PyExc_ValueError, message.c_str());
       } else {
         PyErr_SetString(PyExc_RuntimeError, e.message().c_str());
       }

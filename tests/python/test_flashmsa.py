@@ -16,14 +16,7 @@ import flashmsa
 HQ, HKV, D, HIDX, DI, BLOCK = 64, 4, 128, 4, 128, 128
 
 
-def to_bf16(x):
-    """float32 -> bf16 bits (uint16), round to nearest even."""
-    u = np.asarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16(b):
-    return (np.asarray(b, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+to_bf16, from_bf16 = flashmsa.to_bf16, flashmsa.from_bf16
 
 
 def test_config_defaults_and_validation():
@@ -309,6 +302,22 @@ def test_config_equality_pickling_and_the_index_dtype_keyword():
     assert odd.implementation == "triton" and pickle.loads(pickle.dumps(odd)) == odd
     c.sparse_topk_blocks = 8
     assert c != pickle.loads(pickle.dumps(flashmsa.Config(index_cache_dtype="fp8_e4m3")))
+
+
+def test_bf16_helpers_round_to_nearest_even_and_errors_name_the_carrier():
+    x = np.array([1.0, 1.00390625, 1.01171875, np.inf, np.nan, 3.4e38], np.float32)
+    bits = flashmsa.to_bf16(x)
+    assert bits.dtype == np.uint16
+    assert list(bits[:3]) == [0x3F80, 0x3F80, 0x3F82]  # the two ties go to the even neighbour
+    back = flashmsa.from_bf16(bits)
+    assert back.dtype == np.float32 and back[0] == 1.0 and back[3] == np.inf
+    assert np.isnan(back[4]) and back[5] == np.inf  # past bf16's largest finite, as RNE rounds
+    cm = flashmsa.CacheManager(flashmsa.Config(), num_pages=2)
+    with pytest.raises(ValueError, match=r"must have dtype bf16.*got fp32 \(numpy has no bf16: "
+                                         r"pass its bits as uint16, flashmsa\.to_bf16\(x\)\)"):
+        flashmsa.index_prefill(flashmsa.Config(), np.ones((1, HIDX, DI), np.float32),
+                               cm.index_cache, np.int32([0, 1]), np.int32([1]),
+                               np.int32([[0]]))
 
 
 def test_caches_and_cache_manager_print_what_they_hold():
