@@ -1,4 +1,4 @@
-"""How the H200's power limit moves an fp8 GEMM's rate (issue 18's yardstick): cuBLASLt through
+"""How the H200's power limit moves an fp8 GEMM's rate (the projection's yardstick): cuBLASLt through
 torch._scaled_mm (per-tensor scales) at 8192^3 and at the projection's shapes, timed in bursts
 (3 warm-up, 10 runs each synchronised: the benchmark's ceiling) and sustained (20 runs back to
 back per timing, 13 timings: how the benchmark times the projection), with the SM clock and power

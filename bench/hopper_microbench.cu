@@ -1,5 +1,5 @@
-// flashmsa_hopper_microbench: the H200 measurements the Hopper kernel designs rest on (issue 19),
-// written to docs/performance.md. Each section answers one design question:
+// flashmsa_hopper_microbench: the H200 measurements the Hopper kernel designs rest on
+// (docs/performance.md, "The hardware"). Each section answers one design question:
 //   l2       L2 read bandwidth for working sets under 50 MB (what a re-read page costs)
 //   hbm      HBM read with plain loads, cp.async rings and TMA bulk copies at several bytes in
 //            flight per SM (how deep a page pipeline must be to stream at the limit)
@@ -8,7 +8,7 @@
 //   wgmma    bf16 and fp8 wgmma throughput from shared memory, M 64 x N 128/256 x K 128, in a
 //            minimal CuTe mainloop, one and two warpgroups per SM; and bf16 wgmma with A from
 //            registers (N 64 and 16) fed by NVFP4 codes converted in registers as it runs (the
-//            speculative decode tile of docs/performance.md session 25)
+//            NVFP4 speculative decode tile of docs/performance.md)
 //   convert  in-register widening of fp8 and NVFP4 codes (src/cuda/sm90/convert.cuh), elements
 //            per clock per SM, against what streaming the cache at the HBM limit needs
 // Usage: flashmsa_hopper_microbench [--json FILE] [--only SECTION]
@@ -436,8 +436,8 @@ __device__ __forceinline__ void widen_nvfp4_keys_as_a(Fragment& frag, const std:
   }
 }
 
-// The inner loop of a decode tile that converts each NVFP4 page once for all its rows (session 25
-// of docs/performance.md): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
+// The inner loop of a decode tile that converts each NVFP4 page once for all its rows
+// (docs/performance.md, NVFP4 decode): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
 // warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). The
 // warps widen the A fragments (widen_nvfp4_keys_as_a) into one of two register buffers while the
 // wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16

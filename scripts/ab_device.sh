@@ -80,7 +80,7 @@ bench)
   shift
   points=()
   for p in ${POINTS:-}; do points+=(--grid-point "$p"); done
-  # A machine may keep an earlier session's logs: the summary reads every round of a name.
+  # A machine may keep an earlier run's logs: the summary reads every round of a name.
   for v in "$@"; do rm -f "$logs/grid_${v}"_* "$logs/phases_${v}"_*; done
   for ((r = 0; r < rounds; ++r)); do
     for v in "$@"; do

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Snapshots and compares the device code (SASS) of every kernel a build compiled.
 
-A refactoring of the CUDA sources that must not change what runs (issue 19: "the generated code
-of today's kernels must stay equivalent") is checked by taking a snapshot before and after:
+A refactoring of the CUDA sources that must not change what runs (the generated code of
+today's kernels stays equivalent) is checked by taking a snapshot before and after:
 
   scripts/device_code.py snapshot build /tmp/before     # one file per kernel
   ... change the sources, rebuild ...

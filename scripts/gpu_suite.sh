@@ -155,7 +155,7 @@ if [ $sanitize = 1 ]; then
   [ "$tests" -lt "$sanitize_shards" ] && sanitize_shards=$((tests > 0 ? tests : 1))
   for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
     # racecheck skips cuBLASLt's own GEMM kernels (nvjet_*, the projection's): it reported 3
-    # hazards inside one of them on the H200 (session 8); ours are all checked.
+    # hazards inside one of them on the H200; ours are all checked.
     exclude=()
     [ "$tool" = racecheck ] && exclude=(--kernel-name-exclude kns=nvjet)
     for ((i = 0; i < sanitize_shards; i++)); do

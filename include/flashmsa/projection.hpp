@@ -1,4 +1,4 @@
-// The fused quantized Q/K/V + index projection (issue 18; spec sections 3 and 9): one FP8 E4M3
+// The fused quantized Q/K/V + index projection (spec sections 3 and 9): one FP8 E4M3
 // weight per tensor-parallel rank whose output channels are exactly the producer's input row of
 // that rank, [q (Hq*D) | k (Hkv*D) | v (Hkv*D) | index q (Hidx*Di) | index k (Di)], so that
 // hidden states -> projection -> produce_qkv_index needs no reshuffling in between.

@@ -1,4 +1,4 @@
-// Per-phase device timestamps for latency studies (issue 16: where a decode step's time goes).
+// Per-phase device timestamps for latency studies (where a decode step's time goes).
 //
 // A kernel whose parameters carry a PhaseClock with stamps has thread 0 of every CTA record, at
 // each of its phase boundaries, %globaltimer (ns, comparable across SMs and kernels) into
