@@ -239,8 +239,8 @@ double g_hbm_tbps = 0, g_gemm_tflops = 0, g_fp8_gemm_tflops = 0, g_fp8_gemm_sust
 // accumulation, unit scales: the fp8 tensor-core ceiling of the same run. Timed two ways: in
 // bursts (each run alone, the GPU at its boost clock: the ceiling every fraction uses) and
 // sustained as time_graphs times the projection (20 runs back to back per timing), where the
-// H200's power limit lowers the clock (1227 against 1408 TFLOP/s at 8192^3, fp8_clock_study.txt), so a
-// sustained rate over the burst ceiling mixes two clock states.
+// H200's power limit lowers the clock (1227 against 1408 TFLOP/s at 8192^3, fp8_clock_study.txt),
+// so a sustained rate over the burst ceiling mixes two clock states.
 void fp8_gemm_ceiling(int n) {
   DeviceArray<std::uint8_t> a(std::size_t(n) * n), b(std::size_t(n) * n);
   DeviceArray<std::uint16_t> c(std::size_t(n) * n);

@@ -437,10 +437,10 @@ __device__ __forceinline__ void widen_nvfp4_keys_as_a(Fragment& frag, const std:
 }
 
 // The inner loop of a decode tile that converts each NVFP4 page once for all its rows
-// (docs/performance.md, NVFP4 decode): S^T = K Q^T with the keys as wgmma's register A operand (M = 64 keys a
-// warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64). The
-// warps widen the A fragments (widen_nvfp4_keys_as_a) into one of two register buffers while the
-// wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16
+// (docs/performance.md, NVFP4 decode): S^T = K Q^T with the keys as wgmma's register A operand (M =
+// 64 keys a warpgroup, K = 128 dims) and 4 rows x 16 heads as the shared-memory B operand (N = 64).
+// The warps widen the A fragments (widen_nvfp4_keys_as_a) into one of two register buffers while
+// the wgmma of the other runs. kConvert false converts once before the loop: the wgmma alone. N 16
 // is one row's heads: the same tile with MMAs only for the rows that selected a page, kRows of
 // them (each its own B tile and accumulators) multiplying each widened A fragment.
 template <bool kConvert, int kN, int kRows, int kWarpGroups, class Atom>

@@ -156,8 +156,8 @@ def summary(cuda, sdpa, weights):
     if projection:
         out += ["## Fused FP8 Q/K/V + index projection (hidden 6144, quantization included)", "",
                 "The fp8 ceiling is timed in bursts (each run alone); the sustained one 20 runs "
-                "back to back. Since 8ea6d96 the rows of T >= 4096 are timed both ways, each "
-                "against its own ceiling; earlier results timed every row back to back.", "",
+                "back to back. The rows of T >= 4096 are timed both ways, each against its own "
+                "ceiling; smaller T only back to back (graph replays).", "",
                 "| TP | output channels | T | us | TFLOP/s | % of fp8 ceiling | sustained TFLOP/s "
                 "| % of sustained ceiling |", "|---|---|---|---|---|---|---|---|"]
         for (tp, n, t), parts in sorted(projection.items()):
