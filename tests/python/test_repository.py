@@ -41,6 +41,8 @@ def test_every_relative_link_in_the_docs_resolves():
 def test_no_file_points_outside_the_repository():
     outside = []
     for path in tracked_files():
+        if path == pathlib.Path(__file__).resolve():
+            continue
         if path.suffix in {".md", ".txt", ".py", ".sh", ".cpp", ".hpp", ".cu", ".cuh", ".cmake"}:
             for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
                 if "../shared/" in line:
