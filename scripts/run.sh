@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's main-job command: set-up, build, then `flashmsa run` with any options given
-# (CPU by default; `--backend cuda` once the CUDA kernels exist). `scripts/run.sh --help` lists them.
+# The README's main-job command: set-up, build, then `flashmsa run` with any options given (on
+# the GPU when an sm_90 GPU is present, else on the CPU). `scripts/run.sh --help` lists them.
+#   FLASHMSA_CMAKE_ARGS="-DFLASHMSA_ENABLE_CUDA=OFF" scripts/run.sh   # CPU-only build: no CUDA
+#   kernels compiled (most of the build's time where nvcc exists but no GPU does)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"

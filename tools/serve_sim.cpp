@@ -586,7 +586,11 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
                  per_second(decode ? r.decode_flops : r.prefill_flops, secs) / 1e9,
                  per_second(decode ? r.decode_bytes : r.prefill_bytes, secs) / 1e9);
   }
-  std::fprintf(f, "(index ms includes the top-k, which is fused into the indexer)\n");
+  std::fprintf(f,
+               "(index ms includes the top-k, which is fused into the indexer. GB/s: the bytes "
+               "that must be read,\n each request's index keys and each (request, kv head)'s "
+               "distinct selected K/V pages, per second;\n decode is bound by them, prefill by "
+               "its FLOPs)\n");
   std::fprintf(f, "\nfidelity on %lld sampled rows x 64 q heads, sparse vs dense attention:\n",
                static_cast<long long>(r.sampled_rows));
   // Each figure with what it means and what to expect for this workload.
