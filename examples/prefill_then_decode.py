@@ -18,14 +18,7 @@ WIDTH = HQ * D + 2 * HKV * D + HIDX * DI + DI  # the fused projection's output p
 rng = np.random.default_rng(0)
 
 
-def bf16(x):
-    """float -> bf16 bits (round to nearest even)."""
-    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def from_bf16(bits):
-    return (bits.astype(np.uint32) << 16).view(np.float32)
+bf16, from_bf16 = flashmsa.to_bf16, flashmsa.from_bf16  # float <-> bf16 bits (uint16)
 
 
 config = flashmsa.Config()  # MiniMax-M3: top-16 of 128-token blocks

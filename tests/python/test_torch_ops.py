@@ -584,3 +584,14 @@ def test_decode_step_op_on_cuda_equals_the_two_ops_and_the_cpu():
         if dql == 1:  # the CPU backend's selection exactly; its attention within tolerance
             assert torch.equal(topk.cpu(), cpu[0][0])
             assert_attention_close(out, cpu[0][1])
+
+
+def test_torch_backend_example_runs():
+    """examples/torch_backend.py (the engine-backend sketch the README points to) keeps running."""
+    import pathlib
+    import subprocess
+    import sys
+    script = pathlib.Path(__file__).resolve().parents[2] / "examples" / "torch_backend.py"
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         check=True).stdout
+    assert "equal to dense attention" in out.splitlines()[-1]
