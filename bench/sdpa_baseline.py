@@ -104,7 +104,8 @@ def main():
         cases = []
     else:
         shapes = [(f"prefill {p // 1024}K + {n // 1024}K", [p], [n])
-                  for p, n in [(0, 8192), (0, 32768), (0, 131072), (131072, 8192)]]
+                  for p, n in [(0, 8192), (0, 32768), (0, 131072), (131072, 8192),
+                               (1048576, 8192)]]
         with open(args.cases) as f:
             cases = [json.loads(line) for line in f if line.strip()]
     rows = []

@@ -431,7 +431,8 @@ NB_MODULE(_flashmsa, m) {
       .def(nb::self == nb::self)
       .def("__ne__", [](const Config& a, const Config& b) { return !(a == b); })
       .def("__copy__", [](const Config& c) { return c; })
-      .def("__deepcopy__", [](const Config& c, nb::handle) { return c; }, nb::arg("memo"))
+      .def(
+          "__deepcopy__", [](const Config& c, nb::handle) { return c; }, nb::arg("memo"))
       // Pickling (engines ship configs to worker processes): the fields in FIELDS order, restored
       // exactly as they were, index_cache_dtype without what it implies.
       .def("__getstate__",
@@ -623,9 +624,9 @@ NB_MODULE(_flashmsa, m) {
       .def("__repr__", [](const CacheManager& cm) {
         return "CacheManager(requests=" + std::to_string(cm.live_requests().size()) +
                ", free_pages=" + std::to_string(cm.free_pages()) + "/" +
-               std::to_string(cm.num_pages()) + ", free_index_pages=" +
-               std::to_string(cm.free_index_pages()) + "/" + std::to_string(cm.num_index_pages()) +
-               ", kv_cache=" + kv_cache_repr(cm.kv_cache()) +
+               std::to_string(cm.num_pages()) +
+               ", free_index_pages=" + std::to_string(cm.free_index_pages()) + "/" +
+               std::to_string(cm.num_index_pages()) + ", kv_cache=" + kv_cache_repr(cm.kv_cache()) +
                ", index_cache=" + index_cache_repr(cm.index_cache()) + ")";
       });
 
