@@ -97,6 +97,20 @@ TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
   check_gpu(test::make_prefill(c, {{20000, 300}}, 78));
 }
 
+// The prefill scoring's splits by table width (prefill_wgmma_split_pages in indexer.cu: 16 pages
+// up to 64 blocks, 32 up to 512, 64 beyond): a ragged batch whose table is 549 blocks wide, so a
+// 70000-token row runs 9 splits of 64 pages, the others end inside their first or third split;
+// bf16 and the fp8 indexer (E4M3 queries and keys).
+TEST(IndexerGpuLong, PrefillSplitsOfSixtyFourPages) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  for (const DType index_dtype : {DType::kBf16, DType::kFp8E4m3}) {
+    SCOPED_TRACE(to_string(index_dtype));
+    Config c;
+    c.set_index_cache_dtype(index_dtype);
+    check_gpu(test::make_prefill(c, {{70000, 150}, {300, 200}, {20000, 64}}, 79));
+  }
+}
+
 void set_index_block(Scenario& s, std::int64_t request, std::int64_t block, float value) {
   const IndexCacheView& ix = s.cm->index_cache();
   const std::int64_t page = s.table().page(request, block);
