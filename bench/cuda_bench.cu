@@ -631,6 +631,12 @@ void prefill_indexer(const CacheKind& kind, std::int64_t prefix, std::int64_t ro
   out.workspace = TensorView::contiguous(static_cast<void*>(workspace.ptr), DType::kUint8,
                                          {std::int64_t(workspace.n)}, dev);
   const Stat st = time_it([&](int) { index_prefill(c, q, caches.index_view, batch, out); }, 10);
+  // The scoring alone (block scores into the workspace, no top-k): the selection's share.
+  const Stat score = time_it(
+      [&](int) {
+        flashmsa::cuda::index_prefill_phases(c, q, caches.index_view, batch, out, nullptr, false);
+      },
+      10);
   const double flops = 2.0 * 128 * 4 * (double(rows) * prefix + double(rows) * (rows + 1) / 2);
   const double tflops = flops / st.median_s / 1e12;
   const double ceiling = fp8_index ? g_fp8_gemm_tflops : g_gemm_tflops;
@@ -638,6 +644,13 @@ void prefill_indexer(const CacheKind& kind, std::int64_t prefix, std::int64_t ro
   if (prefix > 0) shape += " after " + std::to_string(prefix / 1024) + "K";
   report(std::string("indexer prefill (score + top-k) ") + kind.name + ", 1 x " + shape, tflops,
          "TFLOP/s", tflops / ceiling, st);
+  const double score_tflops = flops / score.median_s / 1e12;
+  report(std::string("indexer prefill scoring alone ") + kind.name + ", 1 x " + shape, score_tflops,
+         "TFLOP/s", score_tflops / ceiling, score);
+  const Stat selection{st.median_s - score.median_s, st.cv};
+  report(std::string("indexer prefill top-k (score + top-k - scoring) ") + kind.name + ", 1 x " +
+             shape,
+         selection.median_s * 1e6, "us", selection.median_s / st.median_s, selection);
   g_prefill_indexer[std::string(kind.name) + " " + shape] = tflops;
   g_prefill_indexer[std::string(kind.name) + " " + shape + " ms"] = st.median_s * 1e3;
 }

@@ -29,8 +29,11 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
                    const PrefillBatch& batch, const IndexOutputs& out, void* stream);
 void index_decode(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                   const DecodeBatch& batch, const IndexOutputs& out, void* stream);
-// The decode indexer with the top-k selection optional (select = false: block scores only, into
-// the workspace): lets the benchmark time scoring and selection apart. Not part of the API.
+// The indexers with the top-k selection optional (select = false: block scores only, into the
+// workspace): let the benchmark time scoring and selection apart. Not part of the API.
+void index_prefill_phases(const Config& config, const TensorView& index_q,
+                          const IndexCacheView& cache, const PrefillBatch& batch,
+                          const IndexOutputs& out, void* stream, bool select);
 void index_decode_phases(const Config& config, const TensorView& index_q,
                          const IndexCacheView& cache, const DecodeBatch& batch,
                          const IndexOutputs& out, void* stream, bool select);

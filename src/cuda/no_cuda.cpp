@@ -59,6 +59,10 @@ void index_decode(const Config&, const TensorView&, const IndexCacheView&, const
   throw Error(ErrorKind::kUnsupported, "index_decode: CUDA tensors, but this build has no CUDA");
 }
 
+void index_prefill_phases(const Config&, const TensorView&, const IndexCacheView&,
+                          const PrefillBatch&, const IndexOutputs&, void*, bool) {
+  throw Error(ErrorKind::kUnsupported, "index_prefill: CUDA tensors, but this build has no CUDA");
+}
 void index_decode_phases(const Config&, const TensorView&, const IndexCacheView&,
                          const DecodeBatch&, const IndexOutputs&, void*, bool) {
   throw Error(ErrorKind::kUnsupported, "index_decode: CUDA tensors, but this build has no CUDA");

@@ -140,6 +140,12 @@ void launch_topk(const Launch& l, std::int64_t hkv) {
 
 void index_prefill(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                    const PrefillBatch& batch, const IndexOutputs& out, void* stream) {
+  index_prefill_phases(config, index_q, cache, batch, out, stream, true);
+}
+
+void index_prefill_phases(const Config& config, const TensorView& index_q,
+                          const IndexCacheView& cache, const PrefillBatch& batch,
+                          const IndexOutputs& out, void* stream, bool select) {
   const std::int64_t num_requests = batch.seq_lens.shape[0], num_rows = index_q.shape[0];
   Launch l = common_setup(config, index_q, cache, batch.block_table, num_requests, out, stream);
   const std::int64_t hkv = config.resolve_heads().num_key_value_heads;
@@ -190,7 +196,7 @@ void index_prefill(const Config& config, const TensorView& index_q, const IndexC
                                                     l.stream);
       }
     }
-    launch_topk(l, hkv);
+    if (select) launch_topk(l, hkv);
   }
 }
 
