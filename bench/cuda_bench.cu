@@ -151,6 +151,36 @@ std::int64_t distinct_ids(const std::vector<std::int32_t>& topk, std::int64_t ro
   return std::unique(u.begin(), u.end()) - u.begin();
 }
 
+// How much neighbouring rows share their selections (what a query-stationary tile can reuse):
+// distinct valid ids per kv head over aligned groups of 64, 8 and 4 consecutive rows of a request,
+// averaged over the groups and heads. `requests` holds each request's row range.
+struct Sharing {
+  double per64 = 0, per8 = 0, per4 = 0;
+  std::string text() const {  // as bench/report.py reads it back
+    char out[96];
+    std::snprintf(out, sizeof out, "%.1f pages/64 rows, %.1f/8, %.1f/4", per64, per8, per4);
+    return out;
+  }
+};
+
+Sharing sharing(const std::vector<std::int32_t>& topk, std::int64_t rows,
+                const std::vector<std::pair<std::int64_t, std::int64_t>>& requests) {
+  Sharing out;
+  for (const auto& [group, result] : {std::pair{64, &out.per64}, {8, &out.per8}, {4, &out.per4}}) {
+    double distinct = 0, groups = 0;
+    for (std::int64_t h = 0; h < 4; ++h) {
+      for (const auto& [begin, end] : requests) {
+        for (std::int64_t t0 = begin; t0 < end; t0 += group, ++groups) {
+          distinct += static_cast<double>(
+              distinct_ids(topk, rows, h, t0, std::min<std::int64_t>(end, t0 + group)));
+        }
+      }
+    }
+    *result = groups > 0 ? distinct / groups : 0;
+  }
+  return out;
+}
+
 __global__ void fill_random_bf16(std::uint16_t* p, std::int64_t n, std::uint32_t seed) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x) {
@@ -431,11 +461,10 @@ TensorView device_view(const void* p, DType dtype, std::initializer_list<std::in
 // one draw, each entry replaced by a fresh random block with probability 1/8 (real models'
 // neighbouring queries mostly agree).
 std::vector<std::int32_t> prefill_selection(std::int64_t len, bool coherent, double* flops,
-                                            double* pages_per_tile) {
+                                            Sharing* shared) {
   std::mt19937 rng(7);
   std::vector<std::int32_t> topk(std::size_t(4 * len * 16), -1);
-  double keys = 0, distinct = 0;
-  std::int64_t tiles = 0;
+  double keys = 0;
   for (int h = 0; h < 4; ++h) {
     std::vector<std::int32_t> base;
     for (std::int64_t t = 0; t < len; ++t) {
@@ -463,12 +492,9 @@ std::vector<std::int32_t> prefill_selection(std::int64_t len, bool coherent, dou
       std::copy(chosen.begin(), chosen.end(), row);
       for (std::int32_t b : chosen) keys += std::min<std::int64_t>(128, t - b * 128 + 1);
     }
-    for (std::int64_t t0 = 0; t0 < len; t0 += 64, ++tiles) {
-      distinct += static_cast<double>(distinct_ids(topk, len, h, t0, std::min(len, t0 + 64)));
-    }
   }
   *flops = 4.0 * 128 * 16 * keys;  // 16 q heads per kv head, 4 * D FLOPs per (head, key)
-  *pages_per_tile = distinct / tiles;
+  *shared = sharing(topk, len, {{0, len}});
   return topk;
 }
 
@@ -509,8 +535,9 @@ struct PrefillAttention {
 
 void prefill_attention(std::int64_t len, bool coherent) {
   PrefillAttention a(len);
-  double flops = 0, pages_per_tile = 0;
-  const DeviceArray<std::int32_t> topk(prefill_selection(len, coherent, &flops, &pages_per_tile));
+  double flops = 0;
+  Sharing shared;
+  const DeviceArray<std::int32_t> topk(prefill_selection(len, coherent, &flops, &shared));
   const TensorView tk = device_view(topk.ptr, DType::kInt32, {4, len, 16});
   const Stat s = time_it(
       [&](int) {
@@ -519,9 +546,9 @@ void prefill_attention(std::int64_t len, bool coherent) {
       5);
   const double tflops = flops / s.median_s / 1e12;
   char name[160];
-  std::snprintf(name, sizeof name, "sparse attention prefill, 1 x %lldK, %s (%.1f pages/64 rows)",
+  std::snprintf(name, sizeof name, "sparse attention prefill, 1 x %lldK, %s (%s)",
                 static_cast<long long>(len / 1024), coherent ? "coherent" : "random",
-                pages_per_tile);
+                shared.text().c_str());
   report(name, tflops, "TFLOP/s", tflops / g_gemm_tflops, s);
 }
 
@@ -1071,7 +1098,8 @@ void decode_grid() {
 // our dense causal attention over the same batch (the baseline that needs no indexer).
 struct PrefillResult {
   Stat indexer, attention, dense;
-  double indexer_flops = 0, attention_flops = 0, dense_flops = 0, pages_per_tile = 0;
+  double indexer_flops = 0, attention_flops = 0, dense_flops = 0;
+  Sharing shared;
 };
 
 PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
@@ -1129,8 +1157,10 @@ PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
   // Useful FLOPs from the selections the indexer made.
   std::vector<std::int32_t> ids(topk.n);
   FLASHMSA_CHECK_CUDA(cudaMemcpy(ids.data(), topk.ptr, ids.size() * 4, cudaMemcpyDeviceToHost));
-  double keys = 0, distinct = 0, tiles = 0;
+  double keys = 0;
+  std::vector<std::pair<std::int64_t, std::int64_t>> ranges;
   for (std::int64_t r = 0; r < B; ++r) {
+    ranges.emplace_back(cu[r], cu[r + 1]);
     for (std::int64_t t = cu[r]; t < cu[r + 1]; ++t) {
       const std::int64_t pos = prefix[r] + (t - cu[r]);
       res.indexer_flops += 2.0 * 128 * 4 * static_cast<double>(pos + 1);
@@ -1141,25 +1171,18 @@ PrefillResult run_prefill(const std::vector<std::int64_t>& prefix,
         }
       }
     }
-    for (std::int64_t h = 0; h < 4; ++h) {
-      for (std::int64_t t0 = cu[r]; t0 < cu[r + 1]; t0 += 64, ++tiles) {
-        distinct += static_cast<double>(
-            distinct_ids(ids, rows, h, t0, std::min<std::int64_t>(cu[r + 1], t0 + 64)));
-      }
-    }
   }
   res.attention_flops = 4.0 * 128 * 16 * keys;
-  res.pages_per_tile = tiles > 0 ? distinct / tiles : 0;
+  res.shared = sharing(ids, rows, ranges);
   return res;
 }
 
 void report_prefill(const std::string& name, const PrefillResult& r) {
   const double it = r.indexer_flops / r.indexer.median_s / 1e12;
   const double at = r.attention_flops / r.attention.median_s / 1e12;
-  char pages[64];
-  std::snprintf(pages, sizeof pages, " (%.1f pages/64 rows)", r.pages_per_tile);
   report(name + ": indexer", it, "TFLOP/s", it / g_gemm_tflops, r.indexer);
-  report(name + ": attention" + pages, at, "TFLOP/s", at / g_gemm_tflops, r.attention);
+  report(name + ": attention (" + r.shared.text() + ")", at, "TFLOP/s", at / g_gemm_tflops,
+         r.attention);
   const Stat e2e{r.indexer.median_s + r.attention.median_s, std::max(r.indexer.cv, r.attention.cv)};
   const double total = (r.indexer_flops + r.attention_flops) / e2e.median_s / 1e12;
   report(name + ": end to end", total, "TFLOP/s", total / g_gemm_tflops, e2e);

@@ -22,7 +22,8 @@ import re
 GRID = re.compile(r"decode grid (\w+) (\d+)x(\d+)K dql(\d+): (.+)")
 PREFILL = re.compile(r"(prefill \d+K \+ \d+K), (coherent|random): (.+)")
 CASE = re.compile(r"case (\w+)(?: \(w \d+\))?, (coherent|random): (.+)")
-PAGES = re.compile(r"attention \(([\d.]+) pages/64 rows\)")
+# The attention's sharing statistic: distinct pages per 64 rows, and (newer runs) per 8 and 4.
+PAGES = re.compile(r"attention \(([\d.]+) pages/64 rows(?:, ([\d.]+)/8, ([\d.]+)/4)?\)")
 PROJECTION = re.compile(r"projection fp8 TP(\d+) \((\d+) x 6144\), T (\d+)(, sustained)?$")
 
 
@@ -52,7 +53,8 @@ def prefill_rows(cuda, pattern):
             pages = PAGES.fullmatch(part)
             if pages:
                 part = "attention"
-                c = dict(c, pages=float(pages.group(1)))
+                c = dict(c, pages=float(pages.group(1)),
+                         pages8=float(pages.group(2) or 0), pages4=float(pages.group(3) or 0))
             rows.setdefault(m.group(1), {}).setdefault(m.group(2), {})[part] = c
     return rows
 
@@ -63,6 +65,16 @@ def sdpa_times(sdpa):
         return {}
     return {(c["name"], c["backend"]): c["median_us"] * 1e-6 for c in sdpa["cases"]
             if "median_us" in c}
+
+
+def pages(attention):
+    """Distinct pages per 64 rows, with those per 8 and 4 rows where the run measured them."""
+    if not attention:
+        return "-"
+    text = f"{attention.get('pages', 0):.1f}"
+    if attention.get("pages8"):
+        text += f" ({attention['pages8']:.1f} / {attention['pages4']:.1f})"
+    return text
 
 
 def ms(seconds):
@@ -111,7 +123,8 @@ def summary(cuda, sdpa, weights):
         out += ["## Prefill, one call (bf16 caches)", "",
                 "Sparse = indexer + top-k + sparse attention, end to end; dense = causal GQA over "
                 "every key (ours, torch SDPA cuDNN / flash). Speedup = fastest dense / sparse "
-                "(coherent).", "",
+                "(coherent). Pages: distinct pages per 64 rows and kv head (per 8 / per 4 "
+                "consecutive rows in brackets): how much neighbouring rows share.", "",
                 "| shape | sparse coherent ms | pages/64 rows | sparse random ms | pages/64 rows | "
                 "indexer TFLOP/s | attention TFLOP/s (coh.) | dense ours ms | SDPA cuDNN ms | "
                 "SDPA flash ms | speedup |", "|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -121,9 +134,9 @@ def summary(cuda, sdpa, weights):
             dense = [t for t in (coh.get("dense attention (ours)", {}).get("median_us", 0) * 1e-6,
                                  base.get((shape, "cudnn")), base.get((shape, "flash"))) if t]
             out.append(
-                f"| {shape} | {ms(e2e)} | {coh.get('attention', {}).get('pages', 0):.1f} | "
+                f"| {shape} | {ms(e2e)} | {pages(coh.get('attention'))} | "
                 f"{ms(rnd.get('end to end', {}).get('median_us', 0) * 1e-6)} | "
-                f"{rnd.get('attention', {}).get('pages', 0):.1f} | "
+                f"{pages(rnd.get('attention'))} | "
                 f"{coh.get('indexer', {}).get('value', 0):.0f} | "
                 f"{coh.get('attention', {}).get('value', 0):.0f} | "
                 f"{ms(coh.get('dense attention (ours)', {}).get('median_us', 0) * 1e-6)} | "
