@@ -113,7 +113,10 @@ class Config:
     def num_key_value_heads(self, arg: int | None, /) -> None: ...
 
     @property
-    def implementation(self) -> str: ...
+    def implementation(self) -> str:
+        """
+        TensorRT-LLM's field, kept for parity of configs: 'triton' (its default) or 'msa' (which its fp8 indexer and fused projection require). FlashMSA runs its own kernels either way; the value only takes part in validation.
+        """
 
     @implementation.setter
     def implementation(self, arg: str, /) -> None: ...

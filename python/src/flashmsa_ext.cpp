@@ -361,7 +361,10 @@ NB_MODULE(_flashmsa, m) {
                    optional_int_setter<&Config::num_attention_heads>("num_attention_heads"))
       .def_prop_rw("num_key_value_heads", int_getter<&Config::num_key_value_heads>(),
                    optional_int_setter<&Config::num_key_value_heads>("num_key_value_heads"))
-      .def_rw("implementation", &Config::implementation)
+      .def_rw("implementation", &Config::implementation,
+              "TensorRT-LLM's field, kept for parity of configs: 'triton' (its default) or "
+              "'msa' (which its fp8 indexer and fused projection require). FlashMSA runs its own "
+              "kernels either way; the value only takes part in validation.")
       .def_prop_rw("head_dim", int_getter<&Config::head_dim>(),
                    int_setter<&Config::head_dim>("head_dim"))
       .def_prop_rw(
