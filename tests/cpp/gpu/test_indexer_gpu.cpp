@@ -29,9 +29,12 @@ using test::Scenario;
 // rule, and agreement with the CPU backend except on those near-ties.
 void check_gpu(const Scenario& s, int max_near_ties = 2) {
   // The fp8 indexer sums on the fp8 tensor cores (spec section 4: within 2^-10 sum |q k|), which
-  // makes about 0.5% of random selections near-ties (21 of 4088 on the edge grid): 1% allowed.
+  // makes about 0.5-1% of random selections near-ties, more where rows have more candidate blocks
+  // (their 16th and 17th block maxima lie closer): 21 of 4088 on the edge grid, 17 of 1656 on
+  // rows of up to 547 blocks (IndexerGpuLong.PrefillSplitsOfSixtyFourPages). 2% allowed; each
+  // one is checked against the bound.
   if (s.index_q_dtype() == DType::kFp8E4m3 && s.config.index_cache_dtype == DType::kFp8E4m3) {
-    max_near_ties = std::max<int>(max_near_ties, static_cast<int>(s.num_rows * 4 / 100));
+    max_near_ties = std::max<int>(max_near_ties, static_cast<int>(s.num_rows * 4 * 2 / 100));
   }
   const IndexRun gpu = run_gpu_indexer(s);
   test::check_properties(s, gpu);

@@ -10,10 +10,10 @@
 namespace flashmsa::cuda {
 
 enum class DecodeSelection {
-  kHere,      // score, then index_topk_kernel (index_decode)
+  kHere,      // score, then the top-k kernel (index_decode)
   kNone,      // score only (the benchmark's scoring time)
   kDeferred,  // score; the caller's attention selects (AttentionDecode1SelectTraits) when one
-              // scoring chunk holds every row, else index_topk_kernel as kHere
+              // scoring chunk holds every row, else the top-k kernel as kHere
 };
 
 // The decode indexer (index_decode's validation and launches). Returns the top-k parameters of a

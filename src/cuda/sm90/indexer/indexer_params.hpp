@@ -6,7 +6,8 @@
 //   2. index_score_kernel: tensor-core dots of a tile's index queries with one index-K page at a
 //      time, the causal mask and the 128-key block max fused; only block scores reach memory
 //      (workspace [Hidx, chunk rows, max_blocks] fp32);
-//   3. index_topk_kernel: group max, forcing and exact top-k of one (row, kv head) per CTA.
+//   3. the top-k (index_topk_kernel.cuh): group max, forcing and exact top-k of one (row, kv
+//      head) per warp, or per CTA in tables wider than 1024 blocks.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,155 @@
+// warp_topk_row: the exact top-k of one (row, kv head) by one warp, for rows of up to
+// kWarpTopkMaxBlocks visible blocks (contexts up to 128K tokens): the body of
+// index_topk_warp_kernel.
+//
+// The row's keys (select_topk_row's: group max, NaN as -1e30, -0 as +0, forcing 1e30 / 1e29, as
+// orderable bits) stay in registers, block b = 32 j + lane in the lane's key j. A bitwise search
+// from the most significant bit finds the k-th largest key, each step one compare a key and one
+// warp reduction; it stops as soon as exactly k keys are at or above the bits decided. Ballots
+// then take the keys above it and, of the keys equal to it, the smallest ids (the CPU backend's
+// set), and place the ids in ascending order; the score order (at most 64 ids) is a rank sort.
+// No shared-memory passes and no CTA barriers, which is where the CTA version
+// (index_topk_select.cuh, one CTA a row) spends most of its time on rows this short.
+#pragma once
+
+#include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/indexer/index_topk_select.cuh"
+
+namespace flashmsa::cuda {
+
+constexpr int kWarpTopkMaxBlocks = 1024;  // 32 keys a lane
+constexpr int kWarpTopkWarps = 8;         // rows (warps) a CTA of index_topk_warp_kernel
+
+// A warp's shared memory: the selected ids and keys, for the score order's rank sort.
+struct WarpTopkScratch {
+  std::int32_t ids[kMaxTopk];
+  std::uint32_t keys[kMaxTopk];
+};
+
+// Row t's top-k for `kv_head` by the calling warp, written in p.order (-1 past k), with the row's
+// block_scores when asked for. kPerLane * 32 >= nvb, the row's visible blocks.
+template <int kPerLane>
+__device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int64_t t,
+                                              int kv_head, int nvb, int lane,
+                                              WarpTopkScratch& s) {
+  const int k = min(p.topk, nvb);
+  const std::int64_t head_stride = p.chunk.rows() * p.max_blocks;
+  const float* row_scores =
+      p.scores + std::int64_t{kv_head} * p.group * head_stride + (t - p.chunk.begin) * p.max_blocks;
+
+  // Every load of the row in flight before the first compare (the other heads of a group, one
+  // head at a time, fold into the first's values as they come: no second array of registers).
+  float best[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int b = 32 * j + lane;
+    best[j] = b < nvb ? row_scores[b] : 0.0f;
+  }
+  for (int g = 1; g < p.group; ++g) {
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const int b = 32 * j + lane;
+      if (b < nvb) best[j] = group_max(best[j], row_scores[g * head_stride + b]);
+    }
+  }
+
+  float* block_scores =
+      p.block_scores ? p.block_scores + kv_head * p.block_scores_stride[0] +
+                           t * p.block_scores_stride[1]
+                     : nullptr;
+  const int first_local = max(0, nvb - p.local);
+  // Past the visible blocks the key is 0, below every real key (orderable_bits of any float is
+  // at least 0x007fffff, that of -inf), so no candidate of the search counts it.
+  std::uint32_t key[kPerLane];
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int b = 32 * j + lane;
+    float r = rank_key(best[j]);
+    if (b < p.init) r = 1e30f;
+    if (b >= first_local) r = 1e29f;  // local wins over init
+    key[j] = b < nvb ? orderable_bits(r) : 0u;
+    if (block_scores && b < p.block_scores_width) {
+      block_scores[b * p.block_scores_stride[2]] = b < nvb ? best[j] : -INFINITY;
+    }
+  }
+  if (block_scores) {
+    for (int b = 32 * kPerLane + lane; b < p.block_scores_width; b += 32) {
+      block_scores[b * p.block_scores_stride[2]] = -INFINITY;
+    }
+  }
+
+  // Keys above `threshold` are taken, then the first need_equal keys equal to it by id. With at
+  // most k blocks, all of them (every real key is above 0).
+  std::uint32_t threshold = 0;
+  int need_equal = 0;
+  if (nvb > k) {
+    // The largest value with at least k keys at or above it is the k-th largest key.
+    std::uint32_t prefix = 0;
+    bool exact = false;
+    for (int bit = 31; bit >= 0 && !exact; --bit) {
+      const std::uint32_t candidate = prefix | (1u << bit);
+      int count = 0;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) count += key[j] >= candidate;
+      count = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(count)));
+      if (count >= k) {
+        prefix = candidate;
+        exact = count == k;  // exactly the k keys at or above prefix: no tie can cross it
+      }
+    }
+    if (exact) {
+      threshold = prefix - 1;
+    } else {
+      int above = 0;
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) above += key[j] > prefix;
+      threshold = prefix;
+      need_equal = k - static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(above)));
+    }
+  }
+  allow_next_kernel();  // the attention's CTAs launch while the ids are written
+
+  std::int32_t* out = p.topk_out + kv_head * p.topk_stride[0] + t * p.topk_stride[1];
+  const bool by_score = p.order == TopkOrder::kScoreDesc;
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  int taken_before = 0, equal_before = 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const int b = 32 * j + lane;
+    const bool equal = key[j] == threshold;  // a padding key 0 only where need_equal is 0
+    const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, equal);
+    const bool take =
+        key[j] > threshold || (equal && equal_before + __popc(equal_lanes & lanes_below) < need_equal);
+    equal_before += __popc(equal_lanes);
+    const std::uint32_t taken_lanes = __ballot_sync(0xffffffffu, take);
+    if (take) {
+      const int at = taken_before + __popc(taken_lanes & lanes_below);
+      if (by_score) {
+        s.ids[at] = b;
+        s.keys[at] = key[j];
+      } else {
+        // Ascending ids end with the local blocks (the highest visible ids): ascending and
+        // local_last coincide.
+        out[at * p.topk_stride[2]] = b;
+      }
+    }
+    taken_before += __popc(taken_lanes);
+  }
+  if (by_score) {
+    __syncwarp();
+    // Rank by (key desc, id asc); the ids are in ascending order, so an equal key ranks first
+    // where its index is smaller.
+    for (int i = lane; i < k; i += 32) {
+      const std::uint32_t mine = s.keys[i];
+      int rank = 0;
+      for (int j = 0; j < k; ++j) {
+        const std::uint32_t other = s.keys[j];
+        rank += other > mine || (other == mine && j < i);
+      }
+      out[rank * p.topk_stride[2]] = s.ids[i];
+    }
+  }
+  for (int i = k + lane; i < p.topk; i += 32) out[i * p.topk_stride[2]] = -1;
+}
+
+}  // namespace flashmsa::cuda
