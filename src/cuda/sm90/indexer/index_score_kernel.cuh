@@ -336,6 +336,11 @@ __global__ void __launch_bounds__(Traits::kThreads)
     for (int mt = 0; mt < Traits::kMTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
+        // MMA rows past the tile's vectors hold zero queries and nothing reads their maxima (dql 1
+        // and 2 with 4 index heads fill rows 0..7 only): skipped (warp-uniform) where the page
+        // loop is instruction-bound, the NVFP4 register codes' (on the E4M3 decode tile the test
+        // took 21 more registers).
+        if (kRegisterCodes && mt * 16 + 8 * half >= tile.rows * hidx) continue;
         const int v = warp_m * Traits::kWarpRows + mt * 16 + lane / 4 + 8 * half;
         const std::int64_t pos = tile.pos + row_of_vector(v);
         // Decode tiles: the row's last visible key of the page as a 32-bit bound, one compare a
