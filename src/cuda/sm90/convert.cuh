@@ -27,6 +27,24 @@ __device__ __forceinline__ std::uint32_t fp8_pair_high_bytes(std::uint32_t codes
   return prmt(codes, 0, pair == 0 ? 0x1404u : 0x3424u);
 }
 
+// Half kHalf of a packed pair in both halves. Written as 16-bit moves, not a byte permute, so that
+// ptxas folds it into the consuming HMUL2's operand selector (.H0_H0 / .H1_H1): no instruction.
+template <int kHalf>
+__device__ __forceinline__ std::uint32_t broadcast_half(std::uint32_t pair) {
+  static_assert(kHalf == 0 || kHalf == 1);
+  std::uint32_t r;
+  if constexpr (kHalf == 0) {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n mov.b32 %0, {lo, lo};\n}"
+        : "=r"(r)
+        : "r"(pair));
+  } else {
+    asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n mov.b32 %0, {hi, hi};\n}"
+        : "=r"(r)
+        : "r"(pair));
+  }
+  return r;
+}
+
 __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32_t b) {
   std::uint32_t r;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));

@@ -155,17 +155,17 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
     uint4 codes[kNT];
-    std::uint32_t scales[kNT][2];
+    std::uint32_t scales[kNT];  // the thread's two blocks' scales of each key, as a bf16 pair
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int key = key0 + nt * 8 + lane / 4;
       codes[nt] = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
       const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
                                                                          key * 8 + (lane % 4) * 2);
-      std::uint32_t both = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
-      if constexpr (kNvfp4ScaledDown) both = convert::bf16x2_mul(both, convert::kE2m1ScaleUp);
-      scales[nt][0] = convert::prmt(both, 0, 0x1010u);
-      scales[nt][1] = convert::prmt(both, 0, 0x3232u);
+      scales[nt] = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+      if constexpr (kNvfp4ScaledDown) {
+        scales[nt] = convert::bf16x2_mul(scales[nt], convert::kE2m1ScaleUp);
+      }
     }
 #pragma unroll
     for (int s = 0; s < 8; ++s) {
@@ -175,10 +175,13 @@ __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragment
       for (int nt = 0; nt < kNT; ++nt) {
         const std::uint32_t word = (&codes[nt].x)[s / 2];
         std::uint32_t b0, b1;
+        // Steps 0..3 take the first block's scale, 4..7 the second's, in both halves.
+        const std::uint32_t scale =
+            s < 4 ? convert::broadcast_half<0>(scales[nt]) : convert::broadcast_half<1>(scales[nt]);
         if (s % 2 == 0) {
-          nvfp4_b_fragment<0, kNvfp4ScaledDown>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<0, kNvfp4ScaledDown>(word, scale, b0, b1);
         } else {
-          nvfp4_b_fragment<1, kNvfp4ScaledDown>(word, scales[nt][s / 4], b0, b1);
+          nvfp4_b_fragment<1, kNvfp4ScaledDown>(word, scale, b0, b1);
         }
 #pragma unroll
         for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
