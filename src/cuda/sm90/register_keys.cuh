@@ -275,4 +275,70 @@ __device__ __forceinline__ void register_pv(float (&o)[16][4], const std::uint32
   }
 }
 
+// ---- NVFP4 values straight into P V's B fragments (bf16) ----
+// N-tile j, column g holds dim nvfp4_pv_dim(j, g) = 16 g + j (O is put back in the epilogue).
+// Thread (g, t) then reads the 8 bytes of dims 16 g .. 16 g + 15 (one scale block) of each of its
+// key rows 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of the raw V plane (load_raw_rows_warp's NVFP4 layout:
+// kPlaneKeys 64-byte code rows, then their 8-byte scale rows). A byte permute puts two keys' codes
+// of four dims in one word, its codes j and j + 4 being one dim of the two keys, which
+// e2m1_pair_times_scale widens at once into the B register of one n-tile: no shared-memory
+// widening pass, no ldmatrix. The values are those widen_planes gives (code x scale, x 2^-63 when
+// kScaledDown), so O is the same, bit for bit.
+__host__ __device__ constexpr int nvfp4_pv_dim(int ntile, int column) {
+  return 16 * column + ntile;
+}
+
+constexpr bool nvfp4_pv_order_is_a_permutation() {
+  bool seen[128] = {};
+  for (int c = 0; c < 128; ++c) {
+    const int d = nvfp4_pv_dim(c / 8, c % 8);
+    if (d < 0 || d >= 128 || seen[d]) return false;
+    seen[d] = true;
+  }
+  return true;
+}
+static_assert(nvfp4_pv_order_is_a_permutation());
+
+// O += P V for the 16 keys from key0 of a raw NVFP4 V plane, P the bf16 A fragment, O in
+// nvfp4_pv_dim's order; keep_lo / keep_hi as in pv_step.
+template <int kPlaneKeys, bool kScaledDown>
+__device__ __forceinline__ void register_pv_nvfp4(float (&o)[16][4], const std::uint32_t (&p)[4],
+                                                  const std::byte* plane, int key0,
+                                                  std::uint32_t keep_lo, std::uint32_t keep_hi,
+                                                  int lane) {
+  const int g = lane / 4, t = lane % 4;
+  const auto codes = [&](int key) {  // dims 16 g .. 16 g + 15 of one key
+    return *reinterpret_cast<const uint2*>(plane + key * 64 + g * 8);
+  };
+  const auto scale_pair = [&](int key) {  // block g's scales of keys `key`, `key` + 1, as bf16
+    const auto* s = reinterpret_cast<const std::uint8_t*>(plane + kPlaneKeys * 64 + key * 8 + g);
+    const std::uint32_t both =
+        convert::e4m3x2_to_bf16x2_cvt(static_cast<std::uint32_t>(s[0] | s[8] << 8), 0);
+    return kScaledDown ? convert::bf16x2_mul(both, convert::kE2m1ScaleUp) : both;
+  };
+  const int lo_key = key0 + 2 * t, hi_key = lo_key + 8;
+  const uint2 a = codes(lo_key), b = codes(lo_key + 1), c = codes(hi_key), d = codes(hi_key + 1);
+  const std::uint32_t lo_scale = scale_pair(lo_key), hi_scale = scale_pair(hi_key);
+  // Dims 4 q .. 4 q + 3 of the block (n-tiles 4 q .. 4 q + 3): bytes 0, 1 (q even) or 2, 3 of
+  // code word q / 2 of the two keys, the first key's in the low half.
+  const auto quad = [&]<int kQ>() {
+    constexpr std::uint32_t sel = kQ % 2 == 0 ? 0x5410u : 0x7632u;
+    const std::uint32_t lo = convert::prmt(kQ < 2 ? a.x : a.y, kQ < 2 ? b.x : b.y, sel);
+    const std::uint32_t hi = convert::prmt(kQ < 2 ? c.x : c.y, kQ < 2 ? d.x : d.y, sel);
+    const auto step = [&]<int kJ>() {
+      const std::uint32_t b0 = convert::e2m1_pair_times_scale<kJ, kScaledDown>(lo, lo_scale);
+      const std::uint32_t b1 = convert::e2m1_pair_times_scale<kJ, kScaledDown>(hi, hi_scale);
+      mma_bf16_16816(o[4 * kQ + kJ], p, b0 & keep_lo, b1 & keep_hi);
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+  };
+  quad.template operator()<0>();
+  quad.template operator()<1>();
+  quad.template operator()<2>();
+  quad.template operator()<3>();
+}
+
 }  // namespace flashmsa::cuda

@@ -10,8 +10,8 @@
 // select a page skips it, so random selections cost loads but no wasted MMAs, and coherent
 // selections (neighbouring rows picking the same pages) share them. E4M3 / E5M2 / NVFP4 pages are
 // widened exactly to the 16-bit MMA type in shared memory; on 1-row tiles with bf16 queries each
-// warp streams only its own keys through a ring of its own and converts their K codes (and E4M3 /
-// E5M2 V codes) in registers (register_keys.cuh), NVFP4 values into a tile of its own; 1-row tiles
+// warp streams only its own keys through a ring of its own and converts their K and V codes in
+// registers (register_keys.cuh); 1-row tiles
 // of 16-bit caches sized for two CTAs an SM (Traits::kTwoPerSm) stream their keys the same way, a
 // plane (K rows, then V rows) a stage.
 //
@@ -53,12 +53,14 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   constexpr bool kWiden = kFormat != KvFormat::kNative16;
   // 1-row tiles of a quantized cache with bf16 queries: each warp streams its own keys' rows
   // through a ring of its own (no other warp needs them: no CTA barrier a page) and converts their
-  // K codes in registers (register_keys.cuh); NVFP4 values it widens into a 16-bit tile of its
-  // own, E4M3 / E5M2 ones go straight into f16 B fragments too (register_pv; P is rounded to f16
-  // for P V, O kept in register_pv_dim's order), and so do their K codes, against f16 queries.
+  // K codes in registers (register_keys.cuh), and their V codes straight into P V's B fragments:
+  // E4M3 / E5M2 ones into f16 ones (register_pv; P is rounded to f16 for P V, O kept in
+  // register_pv_dim's order), and so are their K codes, against f16 queries; NVFP4 ones into bf16
+  // ones (register_pv_nvfp4, O kept in nvfp4_pv_dim's order).
   constexpr bool kWarpRings = attention_warp_rings<Traits, kFormat, Elem>();
   constexpr bool kRegisterV =
       kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
+  constexpr bool kRegisterNvfp4V = kWarpRings && kFormat == KvFormat::kNvfp4;
   // Warp rings of 16-bit rows (AttentionDecode1TwoPerSmTraits) hold a plane a stage: a page is two
   // ring entries, its K rows and then its V rows, so that V streams in while QK^T runs.
   constexpr bool kPlaneStages = kWarpRings && attention_plane_stages<kFormat>();
@@ -237,8 +239,7 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   // and 2 (e - begin) + 1.
   using Ring =
       CpAsyncPageRing<kStages, kStageBytes, kWarpRings ? RingScope::kWarp : RingScope::kCta>;
-  // kWarpRings: each warp's share of the stages (attention_warp_region_bytes), its ring, then its
-  // own widened V tile.
+  // kWarpRings: each warp's share of the stages (attention_warp_region_bytes): its ring.
   std::byte* const ring_base =
       kWarpRings ? stages + warp * attention_warp_region_bytes<Traits, kFormat>() : stages;
   const Ring ring{ring_base};
@@ -328,23 +329,16 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     const std::byte* tiles = ring.stage(slot);
     const std::int64_t first_key = entry_block(e) * 128;
     // kWarpRings: the stage holds this warp's keys only (from raw_key0), K rows then V rows (or
-    // kPlaneStages: one of them), and so does its widened V tile.
+    // kPlaneStages: one of them).
     const int raw_key0 = kWarpRings ? key_part * Traits::kWarpKeys : 0;
     const std::byte* k_raw = tiles;
     const std::byte* v_raw =
         kPlaneStages ? ring.stage(slot + 1) : tiles + raw_plane_bytes<kFormat, Traits::kWarpKeys>();
     const std::byte* k_tile = tiles;  // the 16-bit tiles (not kWarpRings, or kPlaneStages)
     const std::byte* v_tile = kPlaneStages ? v_raw : tiles + 128 * 256;
-    if constexpr (kRegisterV || kPlaneStages) {
+    if constexpr (kWarpRings) {
       // Nothing to widen: the warp converts its keys' K and V codes in registers, or its 16-bit
       // rows are the MMA tiles.
-    } else if constexpr (kWarpRings) {
-      if (first_key + raw_key0 <= my_pos) {  // the ring wait's warp barrier freed the tile
-        widen_planes<32, kFormat, Elem, 1, Traits::kWarpKeys, kNvfp4ScaledDown>(
-            v_raw, ring_base + kStages * kStageBytes, lane);
-      }
-      __syncwarp();
-      v_tile = ring_base + kStages * kStageBytes;
     } else if constexpr (kWiden) {
       if (entry_page(e) >= 0)
         widen_planes<Traits::kThreads, kFormat, Elem, 2, 128, kNvfp4ScaledDown>(tiles, widened,
@@ -450,6 +444,9 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         }
         if constexpr (kRegisterV) {
           register_pv<kFormat>(o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
+        } else if constexpr (kRegisterNvfp4V) {
+          register_pv_nvfp4<Traits::kWarpKeys, kNvfp4ScaledDown>(
+              o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         } else {
           pv_step<Elem>(o, a, v_tile, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         }
@@ -480,13 +477,15 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     float* dst = part_o + (warp * 16 + r) * Traits::kPartialStride;
 #pragma unroll
     for (int nt = 0; nt < 16; ++nt) {
-      if constexpr (kRegisterV) {
+      if constexpr (kRegisterV || kRegisterNvfp4V) {
         // Back to the natural dim order: column c of n-tiles 4 J .. 4 J + 3 holds 4 consecutive
-        // dims (register_pv_dim), one 16-byte store.
+        // dims (register_pv_dim, nvfp4_pv_dim), one 16-byte store.
         if (nt % 4 == 0) {
 #pragma unroll
           for (int c = 0; c < 2; ++c) {
-            *reinterpret_cast<float4*>(dst + register_pv_dim(nt, 2 * (lane % 4) + c)) =
+            const int col = 2 * (lane % 4) + c;
+            const int dim = kRegisterV ? register_pv_dim(nt, col) : nvfp4_pv_dim(nt, col);
+            *reinterpret_cast<float4*>(dst + dim) =
                 make_float4(o[nt][2 * half + c], o[nt + 1][2 * half + c], o[nt + 2][2 * half + c],
                             o[nt + 3][2 * half + c]);
           }

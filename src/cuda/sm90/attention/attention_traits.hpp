@@ -66,11 +66,10 @@ constexpr int attention_query_and_union_bytes() {
   return Traits::kRows * 16 * 256 + Traits::kMaxUnion * 12;
 }
 
-// 1-row tiles (decode) of an E4M3 / E5M2 / NVFP4 cache with bf16 queries convert K (and E4M3 /
-// E5M2 V) in registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp
-// streams them through a ring of its own (no CTA barrier a page); NVFP4 values are widened by the
-// warp into a 16-bit tile of its own. kTwoPerSm tiles of a 16-bit cache stream their own keys the
-// same way (nothing to convert), a plane a stage.
+// 1-row tiles (decode) of an E4M3 / E5M2 / NVFP4 cache with bf16 queries convert K and V in
+// registers (register_keys.cuh): each warp reads only its own keys' codes, so each warp streams
+// them through a ring of its own (no CTA barrier a page). kTwoPerSm tiles of a 16-bit cache stream
+// their own keys the same way (nothing to convert), a plane a stage.
 template <class Traits, KvFormat kFormat, class Elem>
 constexpr bool attention_warp_rings() {
   if constexpr (kFormat == KvFormat::kNative16) {
@@ -92,11 +91,6 @@ constexpr int attention_warp_stage_bytes() {
   return (attention_plane_stages<kFormat>() ? 1 : 2) *
          raw_plane_bytes<kFormat, Traits::kWarpKeys>();
 }
-// A warp's own widened V tile (NVFP4 only).
-template <class Traits, KvFormat kFormat>
-constexpr int attention_warp_widened_bytes() {
-  return kFormat == KvFormat::kNvfp4 ? Traits::kWarpKeys * 256 : 0;
-}
 // CTAs an SM holds: warp-ring CTAs are sized for two (<= 128 registers a thread, half the shared
 // memory each: 16 warps a scheduler pair hide each other's latency), the others take one.
 template <class Traits, KvFormat kFormat, class Elem>
@@ -105,24 +99,21 @@ constexpr int attention_ctas_per_sm() {
              ? static_cast<int>(detail::kAttentionRegisterTileCtasPerSm)
              : 1;
 }
-// Stages of each warp's ring: what fits beside the queries, the union lists and the widened tile
-// with two CTAs an SM (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared
-// memory). The decode traits' 8 warps of 16 keys: 3 fp8 stages of 4 KB, 4 NVFP4 ones of 2.25 KB,
-// 3 16-bit plane stages of 4 KB.
+// Stages of each warp's ring: what fits beside the queries and the union lists with two CTAs an SM
+// (228 KB, 1 KB of it reserved a CTA, and our 1.2 KB of static shared memory). The decode traits'
+// 8 warps of 16 keys: 3 fp8 stages of 4 KB, 5 NVFP4 ones of 2.25 KB, 3 16-bit plane stages of 4 KB.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_ring_stages() {
   constexpr int kPerCta =
       228 * 1024 / static_cast<int>(detail::kAttentionRegisterTileCtasPerSm) - 1024 - 1280;
   constexpr int fixed = attention_query_and_union_bytes<Traits>();
-  return ((kPerCta - fixed) / Traits::kWarps - attention_warp_widened_bytes<Traits, kFormat>()) /
-         attention_warp_stage_bytes<Traits, kFormat>();
+  return (kPerCta - fixed) / Traits::kWarps / attention_warp_stage_bytes<Traits, kFormat>();
 }
-// A warp's share of the shared memory: its ring, then its widened tile.
+// A warp's share of the shared memory: its ring.
 template <class Traits, KvFormat kFormat>
 constexpr int attention_warp_region_bytes() {
   return attention_warp_ring_stages<Traits, kFormat>() *
-             attention_warp_stage_bytes<Traits, kFormat>() +
-         attention_warp_widened_bytes<Traits, kFormat>();
+         attention_warp_stage_bytes<Traits, kFormat>();
 }
 
 // A page in a raw stage: its K plane, then its V plane.
