@@ -29,9 +29,8 @@ struct WarpTopkScratch {
 // Row t's top-k for `kv_head` by the calling warp, written in p.order (-1 past k), with the row's
 // block_scores when asked for. kPerLane * 32 >= nvb, the row's visible blocks.
 template <int kPerLane>
-__device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int64_t t,
-                                              int kv_head, int nvb, int lane,
-                                              WarpTopkScratch& s) {
+__device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_head,
+                                              int nvb, int lane, WarpTopkScratch& s) {
   const int k = min(p.topk, nvb);
   const std::int64_t head_stride = p.chunk.rows() * p.max_blocks;
   const float* row_scores =
@@ -53,10 +52,9 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
     }
   }
 
-  float* block_scores =
-      p.block_scores ? p.block_scores + kv_head * p.block_scores_stride[0] +
-                           t * p.block_scores_stride[1]
-                     : nullptr;
+  float* block_scores = p.block_scores ? p.block_scores + kv_head * p.block_scores_stride[0] +
+                                             t * p.block_scores_stride[1]
+                                       : nullptr;
   const int first_local = max(0, nvb - p.local);
   // Past the visible blocks the key is 0, below every real key (orderable_bits of any float is
   // at least 0x007fffff, that of -inf), so no candidate of the search counts it.
@@ -104,7 +102,8 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
 #pragma unroll
       for (int j = 0; j < kPerLane; ++j) above += key[j] > prefix;
       threshold = prefix;
-      need_equal = k - static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(above)));
+      need_equal =
+          k - static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(above)));
     }
   }
   allow_next_kernel();  // the attention's CTAs launch while the ids are written
@@ -118,8 +117,8 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
     const int b = 32 * j + lane;
     const bool equal = key[j] == threshold;  // a padding key 0 only where need_equal is 0
     const std::uint32_t equal_lanes = __ballot_sync(0xffffffffu, equal);
-    const bool take =
-        key[j] > threshold || (equal && equal_before + __popc(equal_lanes & lanes_below) < need_equal);
+    const bool take = key[j] > threshold ||
+                      (equal && equal_before + __popc(equal_lanes & lanes_below) < need_equal);
     equal_before += __popc(equal_lanes);
     const std::uint32_t taken_lanes = __ballot_sync(0xffffffffu, take);
     if (take) {

@@ -132,13 +132,13 @@ void launch_topk(const Launch& l, std::int64_t hkv) {
   const dim3 warp_grid(static_cast<unsigned>(ceil_div(l.topk.chunk.rows(), kWarpTopkWarps)),
                        static_cast<unsigned>(hkv));
   if (l.topk.max_blocks <= 8 * 32) {
-    launch_dependent_kernel(index_topk_warp_kernel<8>, warp_grid, 32 * kWarpTopkWarps, 0,
-                            l.stream, l.topk);
+    launch_dependent_kernel(index_topk_warp_kernel<8>, warp_grid, 32 * kWarpTopkWarps, 0, l.stream,
+                            l.topk);
     return;
   }
   if (l.topk.max_blocks <= kWarpTopkMaxBlocks) {
-    launch_dependent_kernel(index_topk_warp_kernel<32>, warp_grid, 32 * kWarpTopkWarps, 0,
-                            l.stream, l.topk);
+    launch_dependent_kernel(index_topk_warp_kernel<32>, warp_grid, 32 * kWarpTopkWarps, 0, l.stream,
+                            l.topk);
     return;
   }
   const int smem = topk_keys_bytes(l.topk.max_blocks);
