@@ -235,16 +235,17 @@ __host__ __device__ constexpr int register_pv_dim(int ntile, int column) {
   return 32 * (ntile / 4) + 4 * column + ntile % 4;
 }
 
-constexpr bool register_pv_order_is_a_permutation() {
+// Whether a P V dim order (n-tile, column) -> dim puts each of the 128 dims in one place.
+constexpr bool pv_order_is_a_permutation(int (*dim)(int ntile, int column)) {
   bool seen[128] = {};
   for (int c = 0; c < 128; ++c) {
-    const int d = register_pv_dim(c / 8, c % 8);
+    const int d = dim(c / 8, c % 8);
     if (d < 0 || d >= 128 || seen[d]) return false;
     seen[d] = true;
   }
   return true;
 }
-static_assert(register_pv_order_is_a_permutation());
+static_assert(pv_order_is_a_permutation(register_pv_dim));
 
 // O += P V for the 16 keys from key0 of a raw E4M3 / E5M2 V plane, P the f16 A fragment, O in
 // register_pv_dim's order; keep_lo / keep_hi as in pv_step (ANDed into the values of keys
@@ -288,16 +289,7 @@ __host__ __device__ constexpr int nvfp4_pv_dim(int ntile, int column) {
   return 16 * column + ntile;
 }
 
-constexpr bool nvfp4_pv_order_is_a_permutation() {
-  bool seen[128] = {};
-  for (int c = 0; c < 128; ++c) {
-    const int d = nvfp4_pv_dim(c / 8, c % 8);
-    if (d < 0 || d >= 128 || seen[d]) return false;
-    seen[d] = true;
-  }
-  return true;
-}
-static_assert(nvfp4_pv_order_is_a_permutation());
+static_assert(pv_order_is_a_permutation(nvfp4_pv_dim));
 
 // O += P V for the 16 keys from key0 of a raw NVFP4 V plane, P the bf16 A fragment, O in
 // nvfp4_pv_dim's order; keep_lo / keep_hi as in pv_step.

@@ -38,6 +38,16 @@ __device__ __forceinline__ float group_score(const IndexTopkParams& p, const flo
   return best;
 }
 
+// Block b's selection key from its raw group score: the rank key, or a forcing value (1e30 for the
+// init blocks, 1e29 from first_local on: local wins over init), as orderable bits.
+__device__ __forceinline__ std::uint32_t selection_key(const IndexTopkParams& p, int b,
+                                                       int first_local, float score) {
+  float key = rank_key(score);
+  if (b < p.init) key = 1e30f;
+  if (b >= first_local) key = 1e29f;
+  return orderable_bits(key);
+}
+
 // The selection's shared memory besides the keys (a CTA of kThreads threads).
 template <int kThreads>
 struct TopkScratch {
@@ -111,10 +121,7 @@ __device__ int select_topk_row(const IndexTopkParams& p, std::int64_t t, int kv_
     for (int j = 0; j < kLoadBatch; ++j) {
       const int b = b0 + j * kThreads + static_cast<int>(threadIdx.x);
       if (j >= rounds || b >= nvb) continue;
-      float key = rank_key(best[j]);
-      if (b < p.init) key = 1e30f;
-      if (b >= first_local) key = 1e29f;  // local wins over init
-      keys[key_slot(b)] = orderable_bits(key);
+      keys[key_slot(b)] = selection_key(p, b, first_local, best[j]);
     }
   }
   if (p.block_scores && write_scores) {

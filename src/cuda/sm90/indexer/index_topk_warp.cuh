@@ -62,10 +62,8 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int b = 32 * j + lane;
-    float r = rank_key(best[j]);
-    if (b < p.init) r = 1e30f;
-    if (b >= first_local) r = 1e29f;  // local wins over init
-    key[j] = b < nvb ? orderable_bits(r) : 0u;
+    const std::uint32_t bits = selection_key(p, b, first_local, best[j]);
+    key[j] = b < nvb ? bits : 0u;
     if (block_scores && b < p.block_scores_width) {
       block_scores[b * p.block_scores_stride[2]] = b < nvb ? best[j] : -INFINITY;
     }
