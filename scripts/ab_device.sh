@@ -8,17 +8,26 @@
 # patches, builds the GPU tests and the benchmark (build-gpu/ab/{tests,bench}_NAME) and reverts
 # them; applying rewrites the files, so the build always sees them as changed.
 #
-#   scripts/ab_device.sh build NAME...                 (base for the tree as it is)
+#   scripts/ab_device.sh build NAME...                 (base for the tree as it is; a name
+#                                                       already built on this machine is kept)
 #   scripts/ab_device.sh test NAME FILTER [SHARDS]     (concurrent gtest shards, default 8)
 #   scripts/ab_device.sh sanitize NAME FILTER [SHARDS] (memcheck, racecheck, initcheck)
 #   scripts/ab_device.sh bench ROUNDS NAME...          (POINTS="fp8,64,32768,1 ..." grid points,
 #                                                       PHASES=1 adds the decode phases)
+#   scripts/ab_device.sh bench-cases ROUNDS NAME...    (any benchmark cases: FILTER="indexer
+#                                                       prefill 8K,indexer prefill fp8 32K")
 #   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline)
 #   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
+# KERNELS="regex" at the first build restricts the sm_90 kernel instantiations built
+# (FLASHMSA_SM90_KERNELS: cmake/sm90_kernels.cmake), e.g. for the prefill indexer
+# KERNELS='index_score|attention AttentionPrefillTraits kNative16 __nv_bfloat16 __nv_bfloat16'.
+# Every test shard and benchmark run is limited to STEP_TIMEOUT seconds (default 240): a kernel
+# that hangs reports "timed out" instead of taking the device call with it; keep a call's steps
+# under its limit (a first build of four variants with the indexer's kernels takes ~5 min).
 # Logs and JSON go to build-gpu/ab/logs.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
+cd "$root" || exit 1
 mode=${1:?usage: see the header of $0}
 shift
 logs=build-gpu/ab/logs
@@ -36,10 +45,15 @@ apply() {
   patch -s -p1 "${reverse[@]}" <"$1"
 }
 
+step_timeout=${STEP_TIMEOUT:-240}
+
 case $mode in
 build)
-  cmake -S . -B build-gpu -G Ninja >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
+  configure=(cmake -S . -B build-gpu -G Ninja)
+  [ -n "${KERNELS:-}" ] && configure+=("-DFLASHMSA_SM90_KERNELS=$KERNELS")
+  "${configure[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
   for v in "$@"; do
+    [ -x "build-gpu/ab/bench_$v" ] && [ -x "build-gpu/ab/tests_$v" ] && { echo "$v: built"; continue; }
     start=$SECONDS
     for p in $(patches_of "$v"); do apply "$p" || { echo "$v: $p does not apply"; exit 1; }; done
     cmake --build build-gpu -j"$(nproc)" --target flashmsa_gpu_tests flashmsa_cuda_bench \
@@ -62,13 +76,19 @@ test | sanitize)
   for tool in "${tools[@]}"; do
     pids=()
     for ((i = 0; i < shards; ++i)); do
-      run=("build-gpu/ab/tests_$v" --gtest_filter="$filter")
-      [ "$tool" = none ] || run=(compute-sanitizer --tool "$tool" --error-exitcode 9 "${run[@]}")
+      run=(timeout "$step_timeout" "build-gpu/ab/tests_$v" --gtest_filter="$filter")
+      [ "$tool" = none ] || run=(timeout "$step_timeout" compute-sanitizer --tool "$tool" \
+        --error-exitcode 9 "${run[@]:2}")
       GTEST_TOTAL_SHARDS=$shards GTEST_SHARD_INDEX=$i "${run[@]}" >"$logs/${mode}_${v}_${tool}_$i.log" 2>&1 &
       pids+=($!)
     done
     rc=0
-    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    for p in "${pids[@]}"; do
+      wait "$p"
+      code=$?
+      [ $code = 124 ] && echo "$mode $v $tool: a shard timed out after $step_timeout s (a hang?)"
+      [ $code = 0 ] || rc=1
+    done
     status=$((status | rc))
     echo "$mode $v $tool: rc $rc;" \
       "$(cat "$logs/${mode}_${v}_${tool}"_*.log | grep -hoE '^\[  (PASSED|FAILED)  \] [0-9]+ tests?|(ERROR|RACECHECK) SUMMARY: .*' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
@@ -84,12 +104,25 @@ bench)
   for v in "$@"; do rm -f "$logs/grid_${v}"_* "$logs/phases_${v}"_*; done
   for ((r = 0; r < rounds; ++r)); do
     for v in "$@"; do
-      "build-gpu/ab/bench_$v" --filter "decode grid" "${points[@]}" --json "$logs/grid_${v}_$r.json" \
-        >"$logs/grid_${v}_$r.txt" 2>&1 || echo "bench $v round $r failed"
+      timeout "$step_timeout" "build-gpu/ab/bench_$v" --filter "decode grid" "${points[@]}" \
+        --json "$logs/grid_${v}_$r.json" >"$logs/grid_${v}_$r.txt" 2>&1 ||
+        echo "bench $v round $r failed (124: timed out)"
       if [ -n "${PHASES:-}" ]; then
         "build-gpu/ab/bench_$v" --filter "decode phases" --json "$logs/phases_${v}_$r.json" \
           >"$logs/phases_${v}_$r.txt" 2>&1 || echo "phases $v round $r failed"
       fi
+    done
+  done
+  ;;
+bench-cases)
+  rounds=$1
+  shift
+  for v in "$@"; do rm -f "$logs/cases_${v}"_*; done
+  for ((r = 0; r < rounds; ++r)); do
+    for v in "$@"; do
+      timeout "$step_timeout" "build-gpu/ab/bench_$v" --filter "${FILTER:?FILTER=cases}" \
+        --json "$logs/cases_${v}_$r.json" >"$logs/cases_${v}_$r.txt" 2>&1 ||
+        echo "bench-cases $v round $r failed ($?; 124: timed out)"
     done
   done
   ;;
@@ -99,15 +132,17 @@ import collections, glob, json, math, re, sys
 logs, variants = sys.argv[1], sys.argv[2:]
 values = collections.defaultdict(lambda: collections.defaultdict(list))
 for v in variants:
-    for f in sorted(glob.glob(f"{logs}/grid_{v}_*.json") + glob.glob(f"{logs}/phases_{v}_*.json")):
+    for f in sorted(glob.glob(f"{logs}/grid_{v}_*.json") + glob.glob(f"{logs}/phases_{v}_*.json")
+                    + glob.glob(f"{logs}/cases_{v}_*.json")):
         for c in json.load(open(f)).get("cases", []):
-            # grid cases: their time; phase cases: their value (us)
-            x = c.get("value") if c["name"].startswith("decode phases") else c.get("median_us")
+            # grid cases: their time; phase and bench-cases cases: their value (unit as reported)
+            grid = "/grid_" in f
+            x = c.get("median_us") if grid else c.get("value")
             if x is not None:
-                values[c["name"]][v].append(x)
+                values[("" if grid or "/phases_" in f else "= ") + c["name"]][v].append(x)
 median = lambda x: sorted(x)[len(x) // 2]
 ratios = collections.defaultdict(list)
-shown = re.compile(r": (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
+shown = re.compile(r"^= |: (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
 for name, by in values.items():
     if not all(v in by for v in variants):
         continue
