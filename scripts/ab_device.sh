@@ -9,7 +9,8 @@
 # them; applying rewrites the files, so the build always sees them as changed.
 #
 #   scripts/ab_device.sh build NAME...                 (base for the tree as it is; a name
-#                                                       already built on this machine is kept)
+#                                                       already built on this warm machine is
+#                                                       kept unless REBUILD=1)
 #   scripts/ab_device.sh test NAME FILTER [SHARDS]     (concurrent gtest shards, default 8)
 #   scripts/ab_device.sh sanitize NAME FILTER [SHARDS] (memcheck, racecheck, initcheck)
 #   scripts/ab_device.sh bench ROUNDS NAME...          (POINTS="fp8,64,32768,1 ..." grid points,
@@ -53,7 +54,10 @@ build)
   [ -n "${KERNELS:-}" ] && configure+=("-DFLASHMSA_SM90_KERNELS=$KERNELS")
   "${configure[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
   for v in "$@"; do
-    [ -x "build-gpu/ab/bench_$v" ] && [ -x "build-gpu/ab/tests_$v" ] && { echo "$v: built"; continue; }
+    if [ -z "${REBUILD:-}" ] && [ -x "build-gpu/ab/bench_$v" ] && [ -x "build-gpu/ab/tests_$v" ]; then
+      echo "$v: built before (REBUILD=1 builds it again)"
+      continue
+    fi
     start=$SECONDS
     for p in $(patches_of "$v"); do apply "$p" || { echo "$v: $p does not apply"; exit 1; }; done
     cmake --build build-gpu -j"$(nproc)" --target flashmsa_gpu_tests flashmsa_cuda_bench \
