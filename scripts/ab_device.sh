@@ -21,7 +21,11 @@
 #   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
 # KERNELS="regex" at the first build restricts the sm_90 kernel instantiations built
 # (FLASHMSA_SM90_KERNELS: cmake/sm90_kernels.cmake), e.g. for the prefill indexer
-# KERNELS='index_score|attention AttentionPrefillTraits kNative16 __nv_bfloat16 __nv_bfloat16'.
+# KERNELS='index_score|attention AttentionPrefillTraits kNative16 __nv_bfloat16 __nv_bfloat16';
+# CMAKE_ARGS adds configure options. The builds also run on the development machine (nvcc
+# compiles sm_90a there): with CMAKE_ARGS=-DFLASHMSA_USE_CBLAS=OFF (the GPU machine has no
+# OpenBLAS) the binaries need only the CUDA 13 runtime, and carrying build-gpu/ab (a few MB a
+# variant) saves the device the build.
 # Every test shard and benchmark run is limited to STEP_TIMEOUT seconds (default 240): a kernel
 # that hangs reports "timed out" instead of taking the device call with it; keep a call's steps
 # under its limit (a first build of four variants with the indexer's kernels takes ~5 min).
@@ -52,6 +56,8 @@ case $mode in
 build)
   configure=(cmake -S . -B build-gpu -G Ninja)
   [ -n "${KERNELS:-}" ] && configure+=("-DFLASHMSA_SM90_KERNELS=$KERNELS")
+  # shellcheck disable=SC2206  # CMAKE_ARGS is a list of words
+  configure+=(${CMAKE_ARGS:-})
   "${configure[@]}" >"$logs/configure.log" 2>&1 || { cat "$logs/configure.log"; exit 1; }
   for v in "$@"; do
     if [ -z "${REBUILD:-}" ] && [ -x "build-gpu/ab/bench_$v" ] && [ -x "build-gpu/ab/tests_$v" ]; then
