@@ -26,9 +26,9 @@
 # compiles sm_90a there): with CMAKE_ARGS=-DFLASHMSA_USE_CBLAS=OFF (the GPU machine has no
 # OpenBLAS) the binaries need only the CUDA 13 runtime, and carrying build-gpu/ab (a few MB a
 # variant) saves the device the build.
-# Every test shard and benchmark run is limited to STEP_TIMEOUT seconds (default 240): a kernel
-# that hangs reports "timed out" instead of taking the device call with it; keep a call's steps
-# under its limit (a first build of four variants with the indexer's kernels takes ~5 min).
+# Every test shard and benchmark run is limited to STEP_TIMEOUT seconds (default 240; raise it
+# for compute-sanitizer): a kernel that hangs reports "timed out" instead of taking the device
+# call with it. Keep a call's steps under the call's own limit.
 # Logs and JSON go to build-gpu/ab/logs.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -141,6 +141,7 @@ summary)
 import collections, glob, json, math, re, sys
 logs, variants = sys.argv[1], sys.argv[2:]
 values = collections.defaultdict(lambda: collections.defaultdict(list))
+listed = set()  # bench-cases names: all shown
 for v in variants:
     for f in sorted(glob.glob(f"{logs}/grid_{v}_*.json") + glob.glob(f"{logs}/phases_{v}_*.json")
                     + glob.glob(f"{logs}/cases_{v}_*.json")):
@@ -149,15 +150,17 @@ for v in variants:
             grid = "/grid_" in f
             x = c.get("median_us") if grid else c.get("value")
             if x is not None:
-                values[("" if grid or "/phases_" in f else "= ") + c["name"]][v].append(x)
+                values[c["name"]][v].append(x)
+                if "/cases_" in f:
+                    listed.add(c["name"])
 median = lambda x: sorted(x)[len(x) // 2]
 ratios = collections.defaultdict(list)
-shown = re.compile(r"^= |: (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
+shown = re.compile(r": (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
 for name, by in values.items():
     if not all(v in by for v in variants):
         continue
     m = [median(by[v]) for v in variants]
-    if shown.search(name):
+    if name in listed or shown.search(name):
         print(f"{name[:78]:78s}" + "".join(f"{x:9.2f}" for x in m))
     if name.startswith("decode grid") and name.endswith(": step"):
         for v, x in zip(variants[1:], m[1:]):
