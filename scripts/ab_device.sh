@@ -52,6 +52,17 @@ apply() {
 
 step_timeout=${STEP_TIMEOUT:-240}
 
+# bench_run NAME OUT ARGS...: variant NAME's benchmark with ARGS, JSON to $logs/OUT.json and its
+# output to $logs/OUT.txt, within the step timeout; a failure is reported, not fatal.
+bench_run() {
+  local v=$1 out=$2
+  shift 2
+  timeout "$step_timeout" "build-gpu/ab/bench_$v" "$@" --json "$logs/$out.json" \
+    >"$logs/$out.txt" 2>&1
+  local code=$?
+  [ $code = 0 ] || echo "$out failed (exit $code$([ $code = 124 ] && echo ': timed out'))"
+}
+
 case $mode in
 build)
   configure=(cmake -S . -B build-gpu -G Ninja)
@@ -114,13 +125,8 @@ bench)
   for v in "$@"; do rm -f "$logs/grid_${v}"_* "$logs/phases_${v}"_*; done
   for ((r = 0; r < rounds; ++r)); do
     for v in "$@"; do
-      timeout "$step_timeout" "build-gpu/ab/bench_$v" --filter "decode grid" "${points[@]}" \
-        --json "$logs/grid_${v}_$r.json" >"$logs/grid_${v}_$r.txt" 2>&1 ||
-        echo "bench $v round $r failed (124: timed out)"
-      if [ -n "${PHASES:-}" ]; then
-        "build-gpu/ab/bench_$v" --filter "decode phases" --json "$logs/phases_${v}_$r.json" \
-          >"$logs/phases_${v}_$r.txt" 2>&1 || echo "phases $v round $r failed"
-      fi
+      bench_run "$v" "grid_${v}_$r" --filter "decode grid" "${points[@]}"
+      [ -z "${PHASES:-}" ] || bench_run "$v" "phases_${v}_$r" --filter "decode phases"
     done
   done
   ;;
@@ -130,9 +136,7 @@ bench-cases)
   for v in "$@"; do rm -f "$logs/cases_${v}"_*; done
   for ((r = 0; r < rounds; ++r)); do
     for v in "$@"; do
-      timeout "$step_timeout" "build-gpu/ab/bench_$v" --filter "${FILTER:?FILTER=cases}" \
-        --json "$logs/cases_${v}_$r.json" >"$logs/cases_${v}_$r.txt" 2>&1 ||
-        echo "bench-cases $v round $r failed ($?; 124: timed out)"
+      bench_run "$v" "cases_${v}_$r" --filter "${FILTER:?FILTER=cases}"
     done
   done
   ;;
