@@ -12,6 +12,7 @@
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/ops.hpp"
+#include "src/index_workspace.hpp"
 #include "tests/cpp/gpu/device_scenario.hpp"
 #include "tests/cpp/gpu/gpu_runners.hpp"
 #include "tests/cpp/index_checks.hpp"
@@ -112,6 +113,21 @@ TEST(IndexerGpuLong, PrefillSplitsOfSixtyFourPages) {
     c.set_index_cache_dtype(index_dtype);
     check_gpu(test::make_prefill(c, {{70000, 150}, {300, 200}, {20000, 64}}, 79));
   }
+}
+
+// Rows past one chunk of the workspace's block scores (at most 256 MiB a round): a table 2048
+// blocks wide (one 262016-token request's 2047 blocks and the scenario's spare column) and 16
+// index heads (4 a kv head) give rounds of 2048 rows, so the 2101 rows run two rounds of plan,
+// scoring and top-k, and the chunk boundary falls inside the last request.
+TEST(IndexerGpuLong, PrefillInTwoRoundsOfRows) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  Config c;
+  c.sparse_num_index_heads = 16;
+  const Scenario s = test::make_prefill(c, {{262015, 1}, {0, 1100}, {500, 1000}}, 80);
+  ASSERT_EQ(s.max_blocks, 2048);
+  ASSERT_EQ(detail::index_workspace_layout(s.num_rows, 3, 16, s.max_blocks).chunk_rows, 2048)
+      << "the rows must take two rounds";
+  check_gpu(s);
 }
 
 void set_index_block(Scenario& s, std::int64_t request, std::int64_t block, float value) {
