@@ -44,8 +44,11 @@ struct IndexPrefillTraits {
   static_assert(kFormat == KvFormat::kNative16 || (kFormat == KvFormat::kE4m3 && kQueryFp8),
                 "the wgmma indexer multiplies bf16 x bf16 or E4M3 x E4M3");
   static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;
-  static constexpr int kConsumers = 2, kMTiles = 2;           // warpgroups, m64 tiles each
+  // Four consumer warpgroups of one m64 tile each: while one reduces its tile's block maxima,
+  // three have MMAs queued on the tensor cores.
+  static constexpr int kConsumers = 4, kMTiles = 1;           // warpgroups, m64 tiles each
   static constexpr int kVectors = kConsumers * kMTiles * 64;  // (row, index head) pairs a CTA
+  static constexpr int kWgVectors = kMTiles * 64;             // a consumer warpgroup's
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowBytes = kFp8 ? 128 : 256;  // one query vector or key in shared memory
   static constexpr int kHalves = kRowBytes / 128;     // SW128 tiles an operand (64-dim halves)
@@ -56,13 +59,20 @@ struct IndexPrefillTraits {
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
   static constexpr int kSmemBytes = 1024 + kQueryBytes + kStages * kPageBytes + 2 * kStages * 8;
   // setmaxnreg: the producer warpgroup gives its registers to the consumers' accumulators.
-  static constexpr int kProducerRegisters = 40, kConsumerRegisters = 232;
+  static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 24;
+  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 112;
+  // setmaxnreg only moves registers between the CTA's warpgroups: the launch gives every thread
+  // kLaunchRegisters (ptxas's cap for kThreads threads, which these kernels use in full), and the
+  // new counts must fit in that, or setmaxnreg.inc waits forever.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(128 * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
+                kThreads * kLaunchRegisters);
 };
 
 namespace index_prefill {
 
-// The consumer warpgroup c's 128 query vectors into the Q tile ([half][kVectors rows][128 B],
-// SW128), zeros past the tile's rows.
+// The consumer warpgroup c's kWgVectors query vectors into the Q tile ([half][kVectors rows][128
+// B], SW128), zeros past the tile's rows.
 template <class T, bool kQueryFp8>
 __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const IndexTile& tile,
                                              int c, int ct, int head_bits, std::byte* q_tile) {
@@ -70,8 +80,8 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
   const auto* q = static_cast<const std::uint8_t*>(p.index_q);
   const std::int64_t elem = kQueryFp8 ? 1 : 2;
 #pragma unroll 4
-  for (int i = ct; i < 128 * kChunks; i += 128) {
-    const int v = c * 128 + i / kChunks, chunk = i % kChunks;
+  for (int i = ct; i < T::kWgVectors * kChunks; i += 128) {
+    const int v = c * T::kWgVectors + i / kChunks, chunk = i % kChunks;
     const int row = v >> head_bits, head = v & ((1 << head_bits) - 1);
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < tile.rows) {
@@ -147,7 +157,7 @@ struct Consumer {
     const bool have_page = page_ok(table[i]);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int v = c * 128 + mt * 64 + warp * 16 + lane / 4 + 8 * half;
+      const int v = c * T::kWgVectors + mt * 64 + warp * 16 + lane / 4 + 8 * half;
       const int row = v >> head_bits;
       const std::int64_t pos = tile.pos + row;
       const int last_key =
@@ -272,24 +282,38 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
   auto wait_full = [&](int i) {
     mbarrier_wait(&full[i % T::kStages], static_cast<std::uint32_t>(i / T::kStages) & 1u);
   };
-  // Per page: both tiles' MMAs issued, tile 0's maxima while tile 1's MMAs run, then tile 1's
-  // (while the other consumer warpgroup's MMAs keep the tensor cores busy). Tile 1's maxima
-  // overlapping the next page's tile-0 MMAs (a wait_group 1 across iterations) made ptxas
-  // serialize every wgmma (C7514).
   const index_prefill::Consumer<T> consumer{
-      p, tile, table, block_begin, q_tile + c * 128 * 128, stages, head_bits, c, warp, lane};
-  float acc0[64], acc1[64];
-  for (int i = 0; i < num_blocks; ++i) {
-    wait_full(i);
-    consumer.issue(acc0, 0, i);
-    consumer.issue(acc1, 1, i);
-    cute::warpgroup_wait<1>();
-    wgmma_fence_accumulators(acc0);
-    consumer.store_block_max(acc0, 0, i);
-    cute::warpgroup_wait<0>();
-    wgmma_fence_accumulators(acc1);
-    consumer.store_block_max(acc1, 1, i);
-    mbarrier_arrive(&empty[i % T::kStages]);
+      p,      tile,      table, block_begin, q_tile + c * T::kWgVectors * 128,
+      stages, head_bits, c,     warp,        lane};
+  if constexpr (T::kMTiles == 1) {
+    // Per page: the tile's MMAs, then its maxima while the other warpgroups' MMAs run.
+    float acc[64];
+    for (int i = 0; i < num_blocks; ++i) {
+      wait_full(i);
+      consumer.issue(acc, 0, i);
+      cute::warpgroup_wait<0>();
+      wgmma_fence_accumulators(acc);
+      mbarrier_arrive(&empty[i % T::kStages]);  // the page is read: the producer may refill it
+      consumer.store_block_max(acc, 0, i);
+    }
+  } else {
+    // Per page: both tiles' MMAs issued, tile 0's maxima while tile 1's MMAs run, then tile 1's
+    // (while the other consumer warpgroup's MMAs keep the tensor cores busy). Tile 1's maxima
+    // overlapping the next page's tile-0 MMAs (a wait_group 1 across iterations) made ptxas
+    // serialize every wgmma (C7514).
+    float acc0[64], acc1[64];
+    for (int i = 0; i < num_blocks; ++i) {
+      wait_full(i);
+      consumer.issue(acc0, 0, i);
+      consumer.issue(acc1, 1, i);
+      cute::warpgroup_wait<1>();
+      wgmma_fence_accumulators(acc0);
+      consumer.store_block_max(acc0, 0, i);
+      cute::warpgroup_wait<0>();
+      wgmma_fence_accumulators(acc1);
+      mbarrier_arrive(&empty[i % T::kStages]);
+      consumer.store_block_max(acc1, 1, i);
+    }
   }
   allow_next_kernel();
 }
@@ -298,6 +322,14 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
 template <KvFormat kFormat, bool kQueryFp8>
 void launch_index_prefill_kernel(const IndexPrefillParams& p, dim3 grid, cudaStream_t stream) {
   using T = IndexPrefillTraits<kFormat, kQueryFp8>;
+  static const int registers = [] {
+    cudaFuncAttributes a{};
+    FLASHMSA_CHECK_CUDA(cudaFuncGetAttributes(&a, index_prefill_kernel<kFormat, kQueryFp8>));
+    return a.numRegs;
+  }();
+  FLASHMSA_CHECK_KIND(ErrorKind::kInternal, registers == T::kLaunchRegisters,
+                      "index_prefill_kernel has ", registers,
+                      " registers a thread; its setmaxnreg split needs ", T::kLaunchRegisters);
   launch_dependent_kernel(index_prefill_kernel<kFormat, kQueryFp8>, grid, T::kThreads,
                           T::kSmemBytes, stream, p);
 }
