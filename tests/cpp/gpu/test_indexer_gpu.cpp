@@ -32,7 +32,7 @@ void check_gpu(const Scenario& s, int max_near_ties = 2) {
   // The fp8 indexer sums on the fp8 tensor cores (spec section 4: within 2^-10 sum |q k|), which
   // makes about 0.5-1% of random selections near-ties, more where rows have more candidate blocks
   // (their 16th and 17th block maxima lie closer): 21 of 4088 on the edge grid, 17 of 1656 on
-  // rows of up to 547 blocks (IndexerGpuLong.PrefillSplitsOfSixtyFourPages). 2% allowed; each
+  // rows of up to 547 blocks (IndexerGpuLong.PrefillSharesAcrossTilesAndRequests). 2% allowed; each
   // one is checked against the bound.
   if (s.index_q_dtype() == DType::kFp8E4m3 && s.config.index_cache_dtype == DType::kFp8E4m3) {
     max_near_ties = std::max<int>(max_near_ties, static_cast<int>(s.num_rows * 4 * 2 / 100));
@@ -101,11 +101,11 @@ TEST(IndexerGpuLong, RowsOfManyBlocksAndTopk64) {
   check_gpu(test::make_prefill(c, {{20000, 300}}, 78));
 }
 
-// The prefill scoring's splits by table width (prefill_wgmma_split_pages in indexer.cu: 16 pages
-// up to 64 blocks, 32 up to 512, 64 beyond): a ragged batch whose table is 549 blocks wide, so a
-// 70000-token row runs 9 splits of 64 pages, the others end inside their first or third split;
+// The prefill scoring's even split of (tile, block) pairs over persistent CTAs: a ragged batch
+// whose table is 549 blocks wide, so CTAs' shares start and end inside tiles and run across tile
+// and request boundaries (each a new segment: the next tile's queries, its request's table);
 // bf16 and the fp8 indexer (E4M3 queries and keys).
-TEST(IndexerGpuLong, PrefillSplitsOfSixtyFourPages) {
+TEST(IndexerGpuLong, PrefillSharesAcrossTilesAndRequests) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   for (const DType index_dtype : {DType::kBf16, DType::kFp8E4m3}) {
     SCOPED_TRACE(to_string(index_dtype));

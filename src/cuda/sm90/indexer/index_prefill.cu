@@ -15,9 +15,11 @@ std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache,
   return std::nullopt;
 }
 
-void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score, DType cache,
-                                bool query_fp8, dim3 grid, cudaStream_t stream) {
-  IndexPrefillParams p{keys, score};
+void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score,
+                                const std::int32_t* tile_pages, DType cache, bool query_fp8,
+                                cudaStream_t stream) {
+  IndexPrefillParams p{keys, score, tile_pages};
+  const dim3 grid(static_cast<unsigned>(sm_count()));
   if (cache == DType::kFp8E4m3) {
     launch_index_prefill_kernel<KvFormat::kE4m3, true>(p, grid, stream);
   } else if (query_fp8) {

@@ -1,15 +1,18 @@
 // index_prefill_kernel: the prefill indexer's block scores on Hopper's warpgroup tensor cores.
 //
-// One CTA scores a tile of 256 (query row, index head) vectors (64 rows of 4 heads) against the
-// index-K pages of one split of the tile's visible blocks. Warp-specialized:
+// The work is the chunk's (tile, block) pairs in order: each tile of 256 (query row, index head)
+// vectors (256 / Hidx rows) against each index-K page it sees. The planner counts each tile's
+// blocks (tile_pages); a persistent grid of one CTA an SM takes an equal share of the pairs, a run
+// of segments (a tile and a range of its blocks), so no SM waits on a longer split or a last wave.
+// Warp-specialized:
 //   - warpgroup 0, one thread: the producer. It brings each page (128 keys x 128 dims) by TMA into
 //     a ring of kStages stages (tma.hpp's tensor map, 128-byte swizzle), each stage with a "full"
-//     mbarrier (transaction bytes) and an "empty" one (the consumers' release).
-//   - warpgroups 1 and 2: the consumers, 128 vectors each as two m64 tiles. The query vectors are
-//     the M dimension and the page's keys the N dimension (m64n128, K = 128 dims), so a row's
-//     block max over the page's 128 keys stays inside each thread's accumulator fragment: 31 max
-//     instructions and two shuffles a row, no shared-memory pass. The two tiles are software
-//     pipelined: one tile's block max (and score store) runs while the other tile's MMAs do.
+//     mbarrier (transaction bytes) and an "empty" one (the consumers' release), across segments.
+//   - warpgroups 1-4: the consumers, 64 vectors each (one m64 tile; a segment's first page loads
+//     the tile's). The query vectors are the M dimension and the page's keys the N dimension
+//     (m64n128, K = 128 dims), so a row's block max over the page's 128 keys stays inside each
+//     thread's accumulator fragment: 31 max instructions and two shuffles a row, no shared-memory
+//     pass. While one warpgroup reduces its maxima, the other three have MMAs on the tensor cores.
 // bf16 keys multiply bf16 queries (E4M3 queries widened exactly to bf16 on load); E4M3 keys
 // multiply E4M3 queries on the native fp8 wgmma (spec section 4, "Exception, the fp8 indexer":
 // the four k32 steps accumulate in the tensor core, whose sum keeps about 14 significant bits,
@@ -31,12 +34,15 @@
 #include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
 #include "src/cuda/sm90/wgmma.cuh"
+#include "src/index_workspace.hpp"
 
 namespace flashmsa::cuda {
 
 struct IndexPrefillParams {
   CUtensorMap keys;        // the index-K plane (tma.hpp): boxes of 128 bytes x 128 tokens
-  IndexScoreParams score;  // as for index_score_kernel (its keys / key_scales are not read)
+  IndexScoreParams score;  // as for index_score_kernel (its keys, key_scales and
+                           // pages_per_split are not read)
+  const std::int32_t* tile_pages = nullptr;  // [tiles + 1], the planner's running block counts
 };
 
 template <KvFormat kFormat, bool kQueryFp8>
@@ -44,11 +50,9 @@ struct IndexPrefillTraits {
   static_assert(kFormat == KvFormat::kNative16 || (kFormat == KvFormat::kE4m3 && kQueryFp8),
                 "the wgmma indexer multiplies bf16 x bf16 or E4M3 x E4M3");
   static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;
-  // Four consumer warpgroups of one m64 tile each: while one reduces its tile's block maxima,
-  // three have MMAs queued on the tensor cores.
-  static constexpr int kConsumers = 4, kMTiles = 1;           // warpgroups, m64 tiles each
-  static constexpr int kVectors = kConsumers * kMTiles * 64;  // (row, index head) pairs a CTA
-  static constexpr int kWgVectors = kMTiles * 64;             // a consumer warpgroup's
+  static constexpr int kConsumers = 4;              // warpgroups of one m64 tile
+  static constexpr int kVectors = kConsumers * 64;  // (row, index head) pairs a tile
+  static_assert(kVectors == detail::kIndexTileVectors, "the planner's tiles");
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kRowBytes = kFp8 ? 128 : 256;  // one query vector or key in shared memory
   static constexpr int kHalves = kRowBytes / 128;     // SW128 tiles an operand (64-dim halves)
@@ -59,8 +63,7 @@ struct IndexPrefillTraits {
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
   static constexpr int kSmemBytes = 1024 + kQueryBytes + kStages * kPageBytes + 2 * kStages * 8;
   // setmaxnreg: the producer warpgroup gives its registers to the consumers' accumulators.
-  static constexpr int kProducerRegisters = kConsumers == 2 ? 40 : 24;
-  static constexpr int kConsumerRegisters = kConsumers == 2 ? 232 : 112;
+  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 112;
   // setmaxnreg only moves registers between the CTA's warpgroups: the launch gives every thread
   // kLaunchRegisters (ptxas's cap for kThreads threads, which these kernels use in full), and the
   // new counts must fit in that, or setmaxnreg.inc waits forever.
@@ -69,10 +72,49 @@ struct IndexPrefillTraits {
                 kThreads * kLaunchRegisters);
 };
 
+// A CTA's share of the chunk's (tile, block) pairs, [first, last) in their order, as segments:
+// tile `tile` and its blocks [begin, end). The producer and the consumers walk the same ones.
+struct IndexSegments {
+  const std::int32_t* tile_pages;
+  std::int64_t first, last;
+  std::int32_t tile = 0;
+  std::int64_t begin = 0, end = 0;
+
+  __device__ IndexSegments(const std::int32_t* pages, std::int32_t tiles) : tile_pages(pages) {
+    const std::int64_t total = pages[tiles];
+    first = total * blockIdx.x / gridDim.x;
+    last = total * (blockIdx.x + 1) / gridDim.x;
+    // The last tile whose pairs start at or before `first` (it holds `first` when first < last).
+    std::int32_t lo = 0, hi = tiles;
+    while (hi - lo > 1) {
+      const std::int32_t mid = (lo + hi) / 2;
+      if (pages[mid] <= first) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    tile = lo - 1;
+    end = 0;
+  }
+  // The next segment; false past the share.
+  __device__ bool next() {
+    for (++tile; first < last; ++tile) {
+      const std::int64_t t0 = tile_pages[tile], t1 = tile_pages[tile + 1];
+      if (t1 <= first) continue;  // a tile that sees nothing
+      begin = first - t0;
+      end = min64(t1, last) - t0;
+      first = t0 + end;
+      return true;
+    }
+    return false;
+  }
+};
+
 namespace index_prefill {
 
-// The consumer warpgroup c's kWgVectors query vectors into the Q tile ([half][kVectors rows][128
-// B], SW128), zeros past the tile's rows.
+// The consumer warpgroup c's 64 query vectors of a tile into the Q tile
+// ([half][kVectors rows][128 B], SW128), zeros past the tile's rows.
 template <class T, bool kQueryFp8>
 __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const IndexTile& tile,
                                              int c, int ct, int head_bits, std::byte* q_tile) {
@@ -80,8 +122,8 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
   const auto* q = static_cast<const std::uint8_t*>(p.index_q);
   const std::int64_t elem = kQueryFp8 ? 1 : 2;
 #pragma unroll 4
-  for (int i = ct; i < T::kWgVectors * kChunks; i += 128) {
-    const int v = c * T::kWgVectors + i / kChunks, chunk = i % kChunks;
+  for (int i = ct; i < 64 * kChunks; i += 128) {
+    const int v = c * 64 + i / kChunks, chunk = i % kChunks;
     const int row = v >> head_bits, head = v & ((1 << head_bits) - 1);
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < tile.rows) {
@@ -111,16 +153,13 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
   }
 }
 
-// A consumer warpgroup's work on one page: its tiles' MMAs and their block maxima (member
-// functions, not lambdas: a lambda called at four places was not inlined, and its accumulator
-// arrays went to local memory).
+// A consumer warpgroup's work on one page of a segment: its tile's MMAs and block maxima.
 template <class T>
 struct Consumer {
   const IndexScoreParams& p;
   const IndexTile& tile;
-  const std::int32_t* table;  // the split's first block-table entry
-  std::int64_t block_begin;
-  const std::byte* q_tiles;  // the warpgroup's first query vector (half 0)
+  const std::int32_t* table;  // the tile's request's block table
+  const std::byte* q_tile;    // the warpgroup's first query vector (half 0)
   const std::byte* stages;
   int head_bits, c, warp, lane;
 
@@ -128,16 +167,15 @@ struct Consumer {
     return page >= 0 && page < p.num_pages;
   }
 
-  // Tile mt's S = Q K^T of page i into acc: kKSteps wgmmas of 32 bytes a row, one commit group.
-  __device__ __forceinline__ void issue(float (&acc)[64], int mt, int i) const {
-    const std::byte* a = q_tiles + mt * 64 * 128;
-    const std::byte* b = stages + (i % T::kStages) * T::kPageBytes;
+  // S = Q K^T of the page in `stage` into acc: kKSteps wgmmas of 32 bytes a row, one commit group.
+  __device__ __forceinline__ void issue(float (&acc)[64], int stage) const {
+    const std::byte* b = stages + stage * T::kPageBytes;
     wgmma_fence_accumulators(acc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
       const int half = ks / 4, offset = (ks % 4) * 32;
-      const std::uint64_t da = sw128_descriptor(a + half * (T::kVectors * 128) + offset);
+      const std::uint64_t da = sw128_descriptor(q_tile + half * (T::kVectors * 128) + offset);
       const std::uint64_t db = sw128_descriptor(b + half * (128 * 128) + offset);
       if constexpr (T::kFp8) {
         wgmma_64x128x32_e4m3(da, db, acc, ks > 0);
@@ -148,16 +186,16 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
-  // Tile mt's block maxima of page i, masked past each row's position, to the scores.
-  __device__ __forceinline__ void store_block_max(const float (&acc)[64], int mt, int i) const {
+  // The block maxima of the tile's block `block`, masked past each row's position, to the scores.
+  __device__ __forceinline__ void store_block_max(const float (&acc)[64],
+                                                  std::int64_t block) const {
     const float nan = __int_as_float(0x7fc00000);
-    const std::int64_t block = block_begin + i;
     const std::int64_t first_key = block * 128;
     const bool all_visible = first_key + 127 <= tile.pos;  // the tile's first row sees it all
-    const bool have_page = page_ok(table[i]);
+    const bool have_page = page_ok(table[block]);
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int v = c * T::kWgVectors + mt * 64 + warp * 16 + lane / 4 + 8 * half;
+      const int v = c * 64 + warp * 16 + lane / 4 + 8 * half;
       const int row = v >> head_bits;
       const std::int64_t pos = tile.pos + row;
       const int last_key =
@@ -229,13 +267,13 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
 
   wait_for_previous_kernel();                          // the planner's tiles
   const int head_bits = __ffs(p.num_index_heads) - 1;  // a power of two (common_setup)
-  const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, T::kVectors >> head_bits);
-  const IndexSplit split =
-      index_split(tile, p.max_blocks, p.pages_per_split, static_cast<int>(blockIdx.y));
-  if (split.count <= 0) return;
-  const std::int64_t block_begin = split.begin;
-  const int num_blocks = split.count;
-  const std::int32_t* table = p.block_table + tile.request * p.table_stride + block_begin;
+  const int tile_rows = T::kVectors >> head_bits;
+  const std::int32_t tiles = p.tile_offset[p.rows.num_requests];
+  IndexSegments segments(params.tile_pages, tiles);
+  if (segments.first >= segments.last) return;
+  auto tile_of = [&](std::int32_t i) {
+    return index_prefill_tile(p.rows, p.tile_offset, p.chunk, tile_rows, i);
+  };
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
@@ -250,23 +288,28 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
   if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    // Page i into stage i % kStages once the consumers released its previous page; a block
-    // without a page completes its phase with no bytes (the consumers report it as NaN).
-    for (int i = 0; i < num_blocks; ++i) {
-      const int s = i % T::kStages;
-      if (i >= T::kStages) {
-        mbarrier_wait(&empty[s], static_cast<std::uint32_t>(i / T::kStages - 1) & 1u);
-      }
-      const std::int32_t page = table[i];
-      if (page >= 0 && page < p.num_pages) {
-        mbarrier_arrive_expect_tx(&full[s], T::kPageBytes);
-#pragma unroll
-        for (int h = 0; h < T::kHalves; ++h) {
-          tma_load_3d(&params.keys, &full[s], stages + s * T::kPageBytes + h * 128 * 128, h * 64, 0,
-                      page);
+    // The g-th page of the share into stage g % kStages once the consumers released its previous
+    // page; a block without a page completes its phase with no bytes (the consumers report NaN).
+    std::int64_t g = 0;
+    while (segments.next()) {
+      const IndexTile tile = tile_of(segments.tile);
+      const std::int32_t* table = p.block_table + tile.request * p.table_stride;
+      for (std::int64_t b = segments.begin; b < segments.end; ++b, ++g) {
+        const int s = static_cast<int>(g % T::kStages);
+        if (g >= T::kStages) {
+          mbarrier_wait(&empty[s], static_cast<std::uint32_t>(g / T::kStages - 1) & 1u);
         }
-      } else {
-        mbarrier_arrive(&full[s]);
+        const std::int32_t page = table[b];
+        if (page >= 0 && page < p.num_pages) {
+          mbarrier_arrive_expect_tx(&full[s], T::kPageBytes);
+#pragma unroll
+          for (int h = 0; h < T::kHalves; ++h) {
+            tma_load_3d(&params.keys, &full[s], stages + s * T::kPageBytes + h * 128 * 128, h * 64,
+                        0, page);
+          }
+        } else {
+          mbarrier_arrive(&full[s]);
+        }
       }
     }
     return;
@@ -274,45 +317,34 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
 
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegisters>();
   const int c = wg - 1, ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
-  index_prefill::load_queries<T, kQueryFp8>(p, tile, c, ct, head_bits, q_tile);
-  fence_proxy_async_shared();
-  named_barrier_sync(1 + c, 128);
-
-  // Page i's phase of its stage's full barrier is the (i / kStages)-th.
-  auto wait_full = [&](int i) {
-    mbarrier_wait(&full[i % T::kStages], static_cast<std::uint32_t>(i / T::kStages) & 1u);
-  };
-  const index_prefill::Consumer<T> consumer{
-      p,      tile,      table, block_begin, q_tile + c * T::kWgVectors * 128,
-      stages, head_bits, c,     warp,        lane};
-  if constexpr (T::kMTiles == 1) {
-    // Per page: the tile's MMAs, then its maxima while the other warpgroups' MMAs run.
+  std::int64_t g = 0;
+  while (segments.next()) {
+    const IndexTile tile = tile_of(segments.tile);
+    // The warpgroup's query vectors of the tile: its earlier MMAs are done (wait_group 0), and
+    // the barrier keeps its warps from overwriting what another warp's last MMA may still read.
+    named_barrier_sync(1 + c, 128);
+    index_prefill::load_queries<T, kQueryFp8>(p, tile, c, ct, head_bits, q_tile);
+    fence_proxy_async_shared();
+    named_barrier_sync(1 + c, 128);
+    const index_prefill::Consumer<T> consumer{p,
+                                              tile,
+                                              p.block_table + tile.request * p.table_stride,
+                                              q_tile + c * 64 * 128,
+                                              stages,
+                                              head_bits,
+                                              c,
+                                              warp,
+                                              lane};
+    // Per page: the MMAs, then the maxima while the other warpgroups' MMAs run.
     float acc[64];
-    for (int i = 0; i < num_blocks; ++i) {
-      wait_full(i);
-      consumer.issue(acc, 0, i);
+    for (std::int64_t b = segments.begin; b < segments.end; ++b, ++g) {
+      const int s = static_cast<int>(g % T::kStages);
+      mbarrier_wait(&full[s], static_cast<std::uint32_t>(g / T::kStages) & 1u);
+      consumer.issue(acc, s);
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(acc);
-      mbarrier_arrive(&empty[i % T::kStages]);  // the page is read: the producer may refill it
-      consumer.store_block_max(acc, 0, i);
-    }
-  } else {
-    // Per page: both tiles' MMAs issued, tile 0's maxima while tile 1's MMAs run, then tile 1's
-    // (while the other consumer warpgroup's MMAs keep the tensor cores busy). Tile 1's maxima
-    // overlapping the next page's tile-0 MMAs (a wait_group 1 across iterations) made ptxas
-    // serialize every wgmma (C7514).
-    float acc0[64], acc1[64];
-    for (int i = 0; i < num_blocks; ++i) {
-      wait_full(i);
-      consumer.issue(acc0, 0, i);
-      consumer.issue(acc1, 1, i);
-      cute::warpgroup_wait<1>();
-      wgmma_fence_accumulators(acc0);
-      consumer.store_block_max(acc0, 0, i);
-      cute::warpgroup_wait<0>();
-      wgmma_fence_accumulators(acc1);
-      mbarrier_arrive(&empty[i % T::kStages]);
-      consumer.store_block_max(acc1, 1, i);
+      mbarrier_arrive(&empty[s]);  // the page is read: the producer may refill its stage
+      consumer.store_block_max(acc, b);
     }
   }
   allow_next_kernel();

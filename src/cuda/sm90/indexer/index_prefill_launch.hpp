@@ -17,9 +17,10 @@ namespace flashmsa::cuda {
 // the pairing takes index_score_kernel.
 std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache, bool query_fp8);
 
-// Launches the wgmma kernel: one CTA a (tile of 256 / Hidx rows, split of pages_per_split
-// blocks), as index_score_kernel's prefill grid.
-void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score, DType cache,
-                                bool query_fp8, dim3 grid, cudaStream_t stream);
+// Launches the wgmma kernel over the planner's tiles (tile_pages: their running block counts),
+// one persistent CTA an SM.
+void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams& score,
+                                const std::int32_t* tile_pages, DType cache, bool query_fp8,
+                                cudaStream_t stream);
 
 }  // namespace flashmsa::cuda

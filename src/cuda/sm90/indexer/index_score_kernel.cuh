@@ -59,10 +59,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int hidx = p.num_index_heads;
   const int rows_per_tile = Traits::kVectors / hidx;
   const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, rows_per_tile);
-  if (tile.request < 0 || tile.rows <= 0) return;
-  const std::int64_t last_pos = tile.pos + tile.rows - 1;
-  if (last_pos < 0) return;
-  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, p.max_blocks);
+  const std::int64_t tile_blocks = index_tile_blocks(tile, p.max_blocks);
   const std::int64_t block_begin = std::int64_t{blockIdx.y} * p.pages_per_split;
   const std::int64_t block_end = min64(block_begin + p.pages_per_split, tile_blocks);
   if (block_begin >= block_end) return;

@@ -21,6 +21,8 @@ namespace flashmsa::cuda {
 namespace {
 
 constexpr int kPrefillPagesPerSplit = kIndexScoreMaxSplitPages;
+static_assert(IndexScorePrefillTraits::kVectors == detail::kIndexTileVectors,
+              "the workspace's tile count bound");
 constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
 
 // The most pages one CTA of the decode scoring takes. Fewer, longer CTAs pay each CTA's start (its
@@ -34,15 +36,6 @@ constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's sha
 std::int64_t decode_split_pages(DType index_cache) {
   return index_cache == DType::kNvfp4 ? 16 : kIndexScoreMaxSplitPages;
 }
-
-#if FLASHMSA_WGMMA_INDEXER
-// The blocks one CTA of the wgmma prefill scoring takes: long splits pay each CTA's start (its
-// queries, its ring's first pages) less often, short ones balance the SMs better where the whole
-// prefill is a few waves (a table of 64 blocks: 8K tokens).
-std::int32_t prefill_wgmma_split_pages(std::int64_t max_blocks) {
-  return max_blocks <= 64 ? 16 : max_blocks <= 512 ? 32 : 64;
-}
-#endif
 
 struct Launch {
   IndexScoreParams score;
@@ -172,9 +165,9 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
   l.score.pages_per_split = kPrefillPagesPerSplit;
   const int tile_rows = IndexScorePrefillTraits::kVectors / l.score.num_index_heads;
 #if FLASHMSA_WGMMA_INDEXER
-  // bf16 keys, and E4M3 keys under E4M3 queries, are scored on the wgmma kernel (same tiles).
+  // bf16 keys, and E4M3 keys under E4M3 queries, are scored on the wgmma kernel (same tiles,
+  // split evenly by the planner's block counts).
   const std::optional<CUtensorMap> wgmma_keys = index_prefill_wgmma_keys(cache, l.query_fp8);
-  if (wgmma_keys) l.score.pages_per_split = prefill_wgmma_split_pages(l.score.max_blocks);
 #endif
 
   IndexPlanParams plan;
@@ -186,6 +179,14 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
   plan.request_begin = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_begin);
   plan.request_end = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_end);
   plan.tile_offset = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_offset);
+#if FLASHMSA_WGMMA_INDEXER
+  if (wgmma_keys) {
+    plan.tile_pages = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_pages);
+    plan.seq_lens = rows.seq_lens;
+    plan.seq_lens_stride = rows.seq_lens_stride;
+    plan.max_blocks = l.score.max_blocks;
+  }
+#endif
 
   const std::int64_t chunk_rows =
       l.layout.chunk_rows == num_rows ? num_rows : l.layout.chunk_rows / tile_rows * tile_rows;
@@ -194,16 +195,17 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
     plan.chunk = l.score.chunk = l.topk.chunk = chunk;
     if (num_requests > 0) {
       launch_index_plan(plan, l.stream);
-      const dim3 grid(static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
-                      static_cast<unsigned>(ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1),
-                                                     l.score.pages_per_split)));
 #if FLASHMSA_WGMMA_INDEXER
       if (wgmma_keys) {
-        launch_index_prefill_wgmma(*wgmma_keys, l.score, l.cache_dtype, l.query_fp8, grid,
-                                   l.stream);
+        launch_index_prefill_wgmma(*wgmma_keys, l.score, plan.tile_pages, l.cache_dtype,
+                                   l.query_fp8, l.stream);
       } else
 #endif
       {
+        const dim3 grid(
+            static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
+            static_cast<unsigned>(
+                ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1), l.score.pages_per_split)));
         launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
                                                     l.stream);
       }

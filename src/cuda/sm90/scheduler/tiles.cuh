@@ -59,6 +59,22 @@ struct IndexTile {
   int rows = 0;
 };
 
+// Prefill tile i of the chunk (none past the last).
+__device__ inline IndexTile index_prefill_tile(const RowMap& m, const std::int32_t* tile_offset,
+                                               const IndexChunk& chunk, int rows_per_tile,
+                                               std::int32_t i) {
+  IndexTile tile;
+  if (i >= tile_offset[m.num_requests]) return tile;
+  const std::int32_t lo = m.request_of_tile(tile_offset, i);
+  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
+  const std::int64_t first = max64(begin, chunk.begin), last = min64(end, chunk.end);
+  tile.request = lo;
+  tile.row = first + std::int64_t{i - tile_offset[lo]} * rows_per_tile;
+  tile.rows = static_cast<int>(min64(rows_per_tile, last - tile.row));
+  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
+  return tile;
+}
+
 // Decode: one request per CTA (padding requests score nothing); prefill: the planner's tiles of
 // rows_per_tile rows within the chunk.
 __device__ inline IndexTile index_tile(const RowMap& m, const std::int32_t* tile_offset,
@@ -75,34 +91,15 @@ __device__ inline IndexTile index_tile(const RowMap& m, const std::int32_t* tile
     tile.pos = len - m.decode_query_len;
     return tile;
   }
-  const std::int32_t i = static_cast<std::int32_t>(blockIdx.x);
-  if (i >= tile_offset[m.num_requests]) return tile;
-  const std::int32_t lo = m.request_of_tile(tile_offset, i);
-  const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
-  const std::int64_t first = max64(begin, chunk.begin), last = min64(end, chunk.end);
-  tile.request = lo;
-  tile.row = first + std::int64_t{i - tile_offset[lo]} * rows_per_tile;
-  tile.rows = static_cast<int>(min64(rows_per_tile, last - tile.row));
-  tile.pos = m.seq_lens[lo * m.seq_lens_stride] - (end - begin) + (tile.row - begin);
-  return tile;
+  return index_prefill_tile(m, tile_offset, chunk, rows_per_tile,
+                            static_cast<std::int32_t>(blockIdx.x));
 }
 
-// The blocks [begin, begin + count) of a tile's visible blocks that split `split` (blockIdx.y) of
-// `pages_per_split` blocks scores; count 0: none (or the tile sees nothing).
-struct IndexSplit {
-  std::int64_t begin = 0;
-  int count = 0;
-};
-
-__device__ inline IndexSplit index_split(const IndexTile& tile, std::int64_t max_blocks,
-                                         int pages_per_split, int split) {
-  IndexSplit s;
+// The blocks a tile sees: through its last row's own block (0 for an empty tile).
+__device__ inline std::int64_t index_tile_blocks(const IndexTile& tile, std::int64_t max_blocks) {
   const std::int64_t last_pos = tile.pos + tile.rows - 1;
-  if (tile.request < 0 || tile.rows <= 0 || last_pos < 0) return s;
-  const std::int64_t tile_blocks = min64(last_pos / 128 + 1, max_blocks);
-  s.begin = std::int64_t{split} * pages_per_split;
-  s.count = static_cast<int>(max64(0, min64(s.begin + pages_per_split, tile_blocks) - s.begin));
-  return s;
+  if (tile.request < 0 || tile.rows <= 0 || last_pos < 0) return 0;
+  return min64(last_pos / 128 + 1, max_blocks);
 }
 
 }  // namespace flashmsa::cuda
