@@ -163,6 +163,12 @@ template <int kJ>
 __device__ __forceinline__ std::uint32_t e2m1_pair_to_bf16x2(std::uint32_t codes) {
   return bf16x2_mul(e2m1_pair_to_bf16x2_bits<kJ>(codes), 0x7E807E80u);  // 2^126 in each half
 }
+// Eight bf16 values (dims 0..7 of a 16-byte chunk) in the order of e2m1_pair_to_bf16x2's pairs,
+// (0, 4), (1, 5), (2, 6), (3, 7): the other operand of keys widened pair by pair into a chunk.
+__device__ __forceinline__ uint4 e2m1_pair_order(uint4 v) {
+  return make_uint4(prmt(v.x, v.z, 0x5410u), prmt(v.x, v.z, 0x7632u), prmt(v.y, v.w, 0x5410u),
+                    prmt(v.y, v.w, 0x7632u));
+}
 // Codes j and j + 4 times their block scale pair (exact); kScaledDown: x 2^-63 too, the scale
 // pair carrying kE2m1ScaleUp.
 template <int kJ, bool kScaledDown>

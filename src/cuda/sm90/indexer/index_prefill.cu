@@ -12,6 +12,8 @@ std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache,
   if (cache.dtype == DType::kFp8E4m3 && query_fp8) {
     return page_plane_tensor_map(cache.k, cache.num_pages, 128, 1, 128);
   }
+  // NVFP4 pages are widened by the kernel's own loads: no tensor map to read.
+  if (cache.dtype == DType::kNvfp4) return CUtensorMap{};
   return std::nullopt;
 }
 
@@ -22,6 +24,12 @@ void launch_index_prefill_wgmma(const CUtensorMap& keys, const IndexScoreParams&
   const dim3 grid(static_cast<unsigned>(sm_count()));
   if (cache == DType::kFp8E4m3) {
     launch_index_prefill_kernel<KvFormat::kE4m3, true>(p, grid, stream);
+  } else if (cache == DType::kNvfp4) {
+    if (query_fp8) {
+      launch_index_prefill_kernel<KvFormat::kNvfp4, true>(p, grid, stream);
+    } else {
+      launch_index_prefill_kernel<KvFormat::kNvfp4, false>(p, grid, stream);
+    }
   } else if (query_fp8) {
     launch_index_prefill_kernel<KvFormat::kNative16, true>(p, grid, stream);
   } else {

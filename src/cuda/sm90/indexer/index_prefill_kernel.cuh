@@ -8,12 +8,15 @@
 //   - warpgroup 0, one thread: the producer. It brings each page (128 keys x 128 dims) by TMA into
 //     a ring of kStages stages (tma.hpp's tensor map, 128-byte swizzle), each stage with a "full"
 //     mbarrier (transaction bytes) and an "empty" one (the consumers' release), across segments.
+//     NVFP4 keys: all of warpgroup 0 widens them, a key a thread, to bf16 (code x scale, exact)
+//     into the same ring, with its own loads two pages ahead.
 //   - warpgroups 1-4: the consumers, 64 vectors each (one m64 tile; a segment's first page loads
 //     the tile's). The query vectors are the M dimension and the page's keys the N dimension
 //     (m64n128, K = 128 dims), so a row's block max over the page's 128 keys stays inside each
 //     thread's accumulator fragment: 31 max instructions and two shuffles a row, no shared-memory
 //     pass. While one warpgroup reduces its maxima, the other three have MMAs on the tensor cores.
-// bf16 keys multiply bf16 queries (E4M3 queries widened exactly to bf16 on load); E4M3 keys
+// bf16 and widened NVFP4 keys multiply bf16 queries (E4M3 queries widened exactly to bf16 on
+// load; under NVFP4 keys each 8-dim chunk in the widening's pair order); E4M3 keys
 // multiply E4M3 queries on the native fp8 wgmma (spec section 4, "Exception, the fp8 indexer":
 // the four k32 steps accumulate in the tensor core, whose sum keeps about 14 significant bits,
 // within the spec's 2^-10 sum |q_i k_i|).
@@ -29,6 +32,7 @@
 
 #include "src/cuda/common/device_utils.cuh"
 #include "src/cuda/launch.hpp"
+#include "src/cuda/sm90/convert.cuh"
 #include "src/cuda/sm90/indexer/indexer_params.hpp"
 #include "src/cuda/sm90/kv_format.hpp"
 #include "src/cuda/sm90/page_pipeline.cuh"
@@ -40,16 +44,20 @@ namespace flashmsa::cuda {
 
 struct IndexPrefillParams {
   CUtensorMap keys;        // the index-K plane (tma.hpp): boxes of 128 bytes x 128 tokens
-  IndexScoreParams score;  // as for index_score_kernel (its keys, key_scales and
-                           // pages_per_split are not read)
+  IndexScoreParams score;  // as for index_score_kernel (pages_per_split is not read; keys and
+                           // key_scales only where warpgroup 0 widens NVFP4 pages)
   const std::int32_t* tile_pages = nullptr;  // [tiles + 1], the planner's running block counts
 };
 
 template <KvFormat kFormat, bool kQueryFp8>
 struct IndexPrefillTraits {
-  static_assert(kFormat == KvFormat::kNative16 || (kFormat == KvFormat::kE4m3 && kQueryFp8),
-                "the wgmma indexer multiplies bf16 x bf16 or E4M3 x E4M3");
+  static_assert(kFormat == KvFormat::kNative16 || kFormat == KvFormat::kNvfp4 ||
+                    (kFormat == KvFormat::kE4m3 && kQueryFp8),
+                "the wgmma indexer multiplies bf16 x bf16 (NVFP4 keys widened) or E4M3 x E4M3");
   static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;
+  // NVFP4 keys: warpgroup 0 widens each page to bf16 (code x scale, exact) into the stage with its
+  // own loads, instead of one thread bringing the page by TMA.
+  static constexpr bool kWidened = kFormat == KvFormat::kNvfp4;
   static constexpr int kConsumers = 4;              // warpgroups of one m64 tile
   static constexpr int kVectors = kConsumers * 64;  // (row, index head) pairs a tile
   static_assert(kVectors == detail::kIndexTileVectors, "the planner's tiles");
@@ -62,8 +70,12 @@ struct IndexPrefillTraits {
   static constexpr int kStages = kFp8 ? 8 : 4;
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
   static constexpr int kSmemBytes = 1024 + kQueryBytes + kStages * kPageBytes + 2 * kStages * 8;
-  // setmaxnreg: the producer warpgroup gives its registers to the consumers' accumulators.
-  static constexpr int kProducerRegisters = 24, kConsumerRegisters = 112;
+  // setmaxnreg: the producer warpgroup gives its registers to the consumers' accumulators (the
+  // widening one keeps two pages of codes in flight).
+  static constexpr int kProducerRegisters = kWidened ? 64 : 24;
+  static constexpr int kConsumerRegisters = kWidened ? 104 : 112;
+  // Arrivals that complete a stage's "full" phase: the TMA thread's, or every widening thread's.
+  static constexpr int kFullArrivals = kWidened ? 128 : 1;
   // setmaxnreg only moves registers between the CTA's warpgroups: the launch gives every thread
   // kLaunchRegisters (ptxas's cap for kThreads threads, which these kernels use in full), and the
   // new counts must fit in that, or setmaxnreg.inc waits forever.
@@ -147,11 +159,74 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
       } else {
         value = *reinterpret_cast<const uint4*>(vector + chunk * 16);
       }
+      // Widened NVFP4 keys hold their dims in the widening's pair order: match it.
+      if constexpr (T::kWidened) value = convert::e2m1_pair_order(value);
     }
     *reinterpret_cast<uint4*>(q_tile + (chunk / 8) * (T::kVectors * 128) +
                               sw128_offset(v, chunk % 8)) = value;
   }
 }
+
+// Warpgroup 0's work for NVFP4 keys: thread ct widens key ct of every page of the CTA's share
+// into the stage ring, the codes and scales of the next two pages in flight in its registers.
+template <class T>
+struct Widener {
+  struct Key {
+    uint4 codes[4];  // 128 E2M1 codes
+    uint2 scales;    // 8 E4M3 block scales (16 dims each)
+    bool ok;         // a page in range (else the consumers report NaN and nothing is written)
+  };
+  const IndexScoreParams& p;
+  IndexSegments walk;  // the share's pairs, one ahead of the widening
+  const std::int32_t* table = nullptr;
+  std::int64_t block = 0;
+  int ct;
+
+  __device__ Widener(const IndexScoreParams& params, const IndexSegments& segments, int thread)
+      : p(params), walk(segments), ct(thread) {
+    walk.end = walk.begin = 0;
+  }
+
+  // The next pair's key ct (ok false past the share or for a block with no page).
+  __device__ Key load_next(int tile_rows) {
+    Key k{};
+    if (block >= walk.end) {
+      if (!walk.next()) return k;
+      const IndexTile tile =
+          index_prefill_tile(p.rows, p.tile_offset, p.chunk, tile_rows, walk.tile);
+      table = p.block_table + tile.request * p.table_stride;
+      block = walk.begin;
+    }
+    const std::int32_t page = table[block++];
+    k.ok = page >= 0 && page < p.num_pages;
+    if (k.ok) {
+      const auto* codes = reinterpret_cast<const uint4*>(p.keys.row(page, 0, ct));
+#pragma unroll
+      for (int i = 0; i < 4; ++i) k.codes[i] = __ldg(codes + i);
+      k.scales = __ldg(reinterpret_cast<const uint2*>(p.key_scales.row(page, 0, ct)));
+    }
+    return k;
+  }
+
+  // Key ct as bf16 into the stage (SW128, dims in e2m1_pair_order within each 8-dim chunk).
+  __device__ void widen(const Key& k, std::byte* stage) const {
+    if (!k.ok) return;
+#pragma unroll
+    for (int w = 0; w < 16; ++w) {  // 8 dims a word
+      const int scale_index = w / 2;
+      const std::uint32_t scale_word = scale_index < 4 ? k.scales.x : k.scales.y;
+      const std::uint32_t pair = convert::e4m3x2_to_bf16x2_cvt(scale_word, (scale_index % 4) / 2);
+      const std::uint32_t scale = scale_index % 2 == 0 ? convert::broadcast_half<0>(pair)
+                                                       : convert::broadcast_half<1>(pair);
+      const std::uint32_t word = (&k.codes[w / 4].x)[w % 4];
+      const uint4 out = make_uint4(convert::e2m1_pair_times_scale<0, false>(word, scale),
+                                   convert::e2m1_pair_times_scale<1, false>(word, scale),
+                                   convert::e2m1_pair_times_scale<2, false>(word, scale),
+                                   convert::e2m1_pair_times_scale<3, false>(word, scale));
+      *reinterpret_cast<uint4*>(stage + (w / 8) * (128 * 128) + sw128_offset(ct, w % 8)) = out;
+    }
+  }
+};
 
 // A consumer warpgroup's work on one page of a segment: its tile's MMAs and block maxima.
 template <class T>
@@ -277,7 +352,7 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kStages; ++s) {
-      mbarrier_init(&full[s], 1);
+      mbarrier_init(&full[s], T::kFullArrivals);
       mbarrier_init(&empty[s], 128 * T::kConsumers);
     }
     fence_mbarrier_init();
@@ -285,7 +360,34 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
   __syncthreads();
 
   const int wg = threadIdx.x / 128;
-  if (wg == 0) {
+  if constexpr (T::kWidened) {
+    if (wg == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
+      // The g-th page of the share widened into stage g % kStages once the consumers released
+      // its previous page; two pages' keys in flight (the loop takes them in turn).
+      index_prefill::Widener<T> widener(p, segments, static_cast<int>(threadIdx.x));
+      const std::int64_t pages = segments.last - segments.first;
+      auto widen = [&](const typename index_prefill::Widener<T>::Key& key, std::int64_t g) {
+        const int s = static_cast<int>(g % T::kStages);
+        if (g >= T::kStages) {
+          mbarrier_wait(&empty[s], static_cast<std::uint32_t>(g / T::kStages - 1) & 1u);
+        }
+        widener.widen(key, stages + s * T::kPageBytes);
+        fence_proxy_async_shared();  // the stores, seen by the consumers' wgmma
+        mbarrier_arrive(&full[s]);
+      };
+      auto a = widener.load_next(tile_rows), b = widener.load_next(tile_rows);
+      for (std::int64_t g = 0; g < pages; g += 2) {
+        widen(a, g);
+        a = widener.load_next(tile_rows);
+        if (g + 1 < pages) {
+          widen(b, g + 1);
+          b = widener.load_next(tile_rows);
+        }
+      }
+      return;
+    }
+  } else if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
     if (threadIdx.x != 0) return;
     // The g-th page of the share into stage g % kStages once the consumers released its previous

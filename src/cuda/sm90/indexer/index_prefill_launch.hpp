@@ -12,9 +12,10 @@
 
 namespace flashmsa::cuda {
 
-// The tensor map of the index-K plane where the wgmma kernel scores this pairing (bf16 keys with
-// bf16 or E4M3 queries, E4M3 keys with E4M3 queries) and TMA can describe the plane; nullopt:
-// the pairing takes index_score_kernel.
+// The tensor map of the index-K plane where the wgmma kernel scores this pairing (bf16 or NVFP4
+// keys with bf16 or E4M3 queries, E4M3 keys with E4M3 queries) and, for the TMA-read ones, TMA
+// can describe the plane (NVFP4: an unused empty map); nullopt: the pairing takes
+// index_score_kernel.
 std::optional<CUtensorMap> index_prefill_wgmma_keys(const IndexCacheView& cache, bool query_fp8);
 
 // Launches the wgmma kernel over the planner's tiles (tile_pages: their running block counts),
