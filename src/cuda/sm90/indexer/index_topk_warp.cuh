@@ -4,8 +4,9 @@
 //
 // The row's keys (select_topk_row's: group max, NaN as -1e30, -0 as +0, forcing 1e30 / 1e29, as
 // orderable bits) stay in registers, block b = 32 j + lane in the lane's key j. A bitwise search
-// from the most significant bit finds the k-th largest key, each step one compare a key and one
-// warp reduction; it stops as soon as exactly k keys are at or above the bits decided. Ballots
+// finds the k-th largest key, each step one compare a key and one warp reduction, from below the
+// high bits it must share with the smallest and the largest lane maximum; it stops as soon as
+// exactly k keys are at or above the bits decided. Ballots
 // then take the keys above it and, of the keys equal to it, the smallest ids (the CPU backend's
 // set), and place the ids in ascending order; the score order (at most 64 ids) is a rank sort.
 // No shared-memory passes and no CTA barriers, which is where the CTA version
@@ -79,15 +80,35 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
   std::uint32_t threshold = 0;
   int need_equal = 0;
   if (nvb > k) {
-    // The largest value with at least k keys at or above it is the k-th largest key.
-    std::uint32_t prefix = 0;
-    bool exact = false;
-    for (int bit = 31; bit >= 0 && !exact; --bit) {
-      const std::uint32_t candidate = prefix | (1u << bit);
-      int count = 0;
+    // The largest value with at least k keys at or above it is the k-th largest key T. For
+    // k <= 32: every lane's largest key is at least the smallest of them, low, so 32 keys are and
+    // low <= T <= high (the largest key); T then has the bits above the highest one where low
+    // and high differ, and the search starts below them (a row's scores share their sign and
+    // most of their exponent: several steps fewer).
+    std::uint32_t lane_max = key[0];
 #pragma unroll
-      for (int j = 0; j < kPerLane; ++j) count += key[j] >= candidate;
-      count = static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(count)));
+    for (int j = 1; j < kPerLane; ++j) lane_max = max(lane_max, key[j]);
+    const std::uint32_t low = __reduce_min_sync(0xffffffffu, lane_max);
+    const std::uint32_t high = __reduce_max_sync(0xffffffffu, lane_max);
+    const std::uint32_t differ = k <= 32 ? low ^ high : ~0u;
+    const int first_bit = differ == 0 ? -1 : 31 - __clz(static_cast<int>(differ));
+    std::uint32_t prefix = first_bit < 0 ? high : high & ~(~0u >> (31 - first_bit));
+    bool exact = false;
+    for (int bit = first_bit; bit >= 0 && !exact; --bit) {
+      const std::uint32_t candidate = prefix | (1u << bit);
+      // The lane's count as a sum of independent terms (a running sum made a chain of two
+      // dependent instructions a key).
+      int at_or_above[kPerLane];
+#pragma unroll
+      for (int j = 0; j < kPerLane; ++j) at_or_above[j] = key[j] >= candidate;
+#pragma unroll
+      for (int width = 1; width < kPerLane; width *= 2) {
+#pragma unroll
+        for (int j = 0; j + width < kPerLane; j += 2 * width)
+          at_or_above[j] += at_or_above[j + width];
+      }
+      const int count =
+          static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(at_or_above[0])));
       if (count >= k) {
         prefix = candidate;
         exact = count == k;  // exactly the k keys at or above prefix: no tie can cross it
