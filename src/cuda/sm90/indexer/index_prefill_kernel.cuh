@@ -1,8 +1,8 @@
 // index_prefill_kernel: the prefill indexer's block scores on Hopper's warpgroup tensor cores.
 //
-// The work is the chunk's (tile, block) pairs in order: each tile of 256 (query row, index head)
-// vectors (256 / Hidx rows) against each index-K page it sees. The planner counts each tile's
-// blocks (tile_pages); a persistent grid of one CTA an SM takes an equal share of the pairs, a run
+// The work is the chunk's (tile, block) pairs: each tile of 256 (query row, index head) vectors
+// (256 / Hidx rows) against each index-K page it sees. The planner counts each tile's blocks
+// (tile_pages, short and long tiles in turn: index_prefill_tile_in_order); a persistent grid of one CTA an SM takes an equal share of the pairs, a run
 // of segments (a tile and a range of its blocks), so no SM waits on a longer split or a last wave.
 // Warp-specialized:
 //   - warpgroup 0, one thread: the producer. It brings each page (128 keys x 128 dims) by TMA into
@@ -85,7 +85,7 @@ struct IndexPrefillTraits {
 };
 
 // A CTA's share of the chunk's (tile, block) pairs, [first, last) in their order, as segments:
-// tile `tile` and its blocks [begin, end). The producer and the consumers walk the same ones.
+// the tile at position `tile` of index_prefill_tile_in_order and its blocks [begin, end). The producer and the consumers walk the same ones.
 struct IndexSegments {
   const std::int32_t* tile_pages;
   std::int64_t first, last;
@@ -193,7 +193,7 @@ struct Widener {
     if (block >= walk.end) {
       if (!walk.next()) return k;
       const IndexTile tile =
-          index_prefill_tile(p.rows, p.tile_offset, p.chunk, tile_rows, walk.tile);
+          index_prefill_tile_in_order(p.rows, p.tile_offset, p.chunk, tile_rows, walk.tile);
       table = p.block_table + tile.request * p.table_stride;
       block = walk.begin;
     }
@@ -347,7 +347,7 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
   IndexSegments segments(params.tile_pages, tiles);
   if (segments.first >= segments.last) return;
   auto tile_of = [&](std::int32_t i) {
-    return index_prefill_tile(p.rows, p.tile_offset, p.chunk, tile_rows, i);
+    return index_prefill_tile_in_order(p.rows, p.tile_offset, p.chunk, tile_rows, i);
   };
 
   if (threadIdx.x == 0) {

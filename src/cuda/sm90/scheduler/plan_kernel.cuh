@@ -1,7 +1,8 @@
 // index_plan_kernel: one CTA turns cu_seqlens into each request's row range (clamped exactly as
 // the CPU backend clamps inconsistent values: begin_r = min(T, max(0, cu[0..r])), end_r likewise
 // with r + 1), numbers the tiles of the chunk's rows, request by request, and (where asked) counts
-// the blocks each tile sees, for the prefill scoring's even split of the chunk's pages.
+// the blocks each tile sees (in the scoring's order, index_prefill_tile_in_order), for the prefill
+// scoring's even split of the chunk's pages.
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kIndexPlanThreads)
   }
   if (p.tile_pages == nullptr) return;
 
-  // tile_pages: the running count of the blocks the chunk's tiles see. The request ranges and
+  // tile_pages: the running count of the blocks the chunk's tiles see, in the scoring's order. The request ranges and
   // tile offsets above are this CTA's own global writes, visible after the barrier.
   RowMap m;
   m.seq_lens = p.seq_lens;
@@ -82,8 +83,8 @@ __global__ void __launch_bounds__(kIndexPlanThreads)
     const std::int32_t i = base + static_cast<std::int32_t>(threadIdx.x);
     std::int64_t pages = 0;
     if (i < tiles) {
-      pages = index_tile_blocks(index_prefill_tile(m, p.tile_offset, p.chunk, p.tile_rows, i),
-                                p.max_blocks);
+      pages = index_tile_blocks(
+          index_prefill_tile_in_order(m, p.tile_offset, p.chunk, p.tile_rows, i), p.max_blocks);
     }
     std::int64_t pages_through;
     Scan(scan_storage).InclusiveSum(pages, pages_through);

@@ -85,7 +85,8 @@ struct IndexPlanParams {
   std::int32_t* request_end = nullptr;    // [B]
   std::int32_t* tile_offset = nullptr;    // [B + 1], tiles of the chunk
   // Optional (the prefill scoring's work list): tile_pages [tiles + 1], the running count of the
-  // blocks the chunk's tiles see (index_tile_blocks); needs seq_lens and max_blocks.
+  // blocks the chunk's tiles see (index_tile_blocks) in index_prefill_tile_in_order's order; needs
+  // seq_lens and max_blocks.
   std::int32_t* tile_pages = nullptr;
   const std::int32_t* seq_lens = nullptr;  // [B] L_r
   std::int64_t seq_lens_stride = 1;

@@ -75,6 +75,20 @@ __device__ inline IndexTile index_prefill_tile(const RowMap& m, const std::int32
   return tile;
 }
 
+// The prefill scoring's order of a chunk's tiles: a short one and a long one in turn (position 2j
+// is tile j, position 2j + 1 tile tiles - 1 - j). Causal rows make a request's block counts grow
+// with the tile index, so an even share of the (tile, block) pairs in this order spans a few
+// tiles, never the dozens of one-block tiles at a request's start (each tile change reloads the
+// query vectors).
+__device__ inline IndexTile index_prefill_tile_in_order(const RowMap& m,
+                                                        const std::int32_t* tile_offset,
+                                                        const IndexChunk& chunk, int rows_per_tile,
+                                                        std::int32_t position) {
+  const std::int32_t tiles = tile_offset[m.num_requests];
+  const std::int32_t i = position % 2 == 0 ? position / 2 : tiles - 1 - position / 2;
+  return index_prefill_tile(m, tile_offset, chunk, rows_per_tile, i);
+}
+
 // Decode: one request per CTA (padding requests score nothing); prefill: the planner's tiles of
 // rows_per_tile rows within the chunk.
 __device__ inline IndexTile index_tile(const RowMap& m, const std::int32_t* tile_offset,
