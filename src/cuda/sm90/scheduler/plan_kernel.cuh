@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(kIndexPlanThreads)
   }
   if (p.tile_pages == nullptr) return;
 
-  // tile_pages: the running count of the blocks the chunk's tiles see, in the scoring's order. The request ranges and
-  // tile offsets above are this CTA's own global writes, visible after the barrier.
+  // tile_pages: the running count of the blocks the chunk's tiles see, in the scoring's order. The
+  // request ranges and tile offsets above are this CTA's own global writes, visible after the
+  // barrier.
   RowMap m;
   m.seq_lens = p.seq_lens;
   m.seq_lens_stride = p.seq_lens_stride;
