@@ -2,9 +2,9 @@
 //
 // The work is the chunk's (tile, block) pairs: each tile of 256 (query row, index head) vectors
 // (256 / Hidx rows) against each index-K page it sees. The planner counts each tile's blocks
-// (tile_pages, short and long tiles in turn: index_prefill_tile_in_order); a persistent grid of one CTA an SM takes an equal share of the pairs, a run
-// of segments (a tile and a range of its blocks), so no SM waits on a longer split or a last wave.
-// Warp-specialized:
+// (tile_pages, short and long tiles in turn: index_prefill_tile_in_order); a persistent grid of one
+// CTA an SM takes an equal share of the pairs, a run of segments (a tile and a range of its
+// blocks), so no SM waits on a longer split or a last wave. Warp-specialized:
 //   - warpgroup 0, one thread: the producer. It brings each page (128 keys x 128 dims) by TMA into
 //     a ring of kStages stages (tma.hpp's tensor map, 128-byte swizzle), each stage with a "full"
 //     mbarrier (transaction bytes) and an "empty" one (the consumers' release), across segments.
@@ -15,14 +15,13 @@
 //     (m64n128, K = 128 dims), so a row's block max over the page's 128 keys stays inside each
 //     thread's accumulator fragment: 31 max instructions and two shuffles a row, no shared-memory
 //     pass. While one warpgroup reduces its maxima, the other three have MMAs on the tensor cores.
-// bf16 and widened NVFP4 keys multiply bf16 queries (E4M3 queries widened exactly to bf16 on
-// load; under NVFP4 keys each 8-dim chunk in the widening's pair order); E4M3 keys
-// multiply E4M3 queries on the native fp8 wgmma (spec section 4, "Exception, the fp8 indexer":
-// the four k32 steps accumulate in the tensor core, whose sum keeps about 14 significant bits,
-// within the spec's 2^-10 sum |q_i k_i|).
-// The causal mask and the rank order of the block max (NaN as -1e30, -0.0 as +0.0; a block that
-// ranks as NaN or has no page reports NaN) are index_score_kernel's; only block scores reach
-// memory (the workspace [Hidx, chunk rows, max_blocks]), the top-k kernel selects from them.
+// bf16 and widened NVFP4 keys multiply bf16 queries (under NVFP4 keys each 8-dim chunk in the
+// widening's pair order); E4M3 keys multiply E4M3 queries on the native fp8 wgmma (spec section 4,
+// "Exception, the fp8 indexer": the four k32 steps accumulate in the tensor core, whose sum keeps
+// about 14 significant bits, within the spec's 2^-10 sum |q_i k_i|). The causal mask and the rank
+// order of the block max (NaN as -1e30, -0.0 as +0.0; a block that ranks as NaN or has no page
+// reports NaN) are index_score_kernel's; only block scores reach memory (the workspace [Hidx, chunk
+// rows, max_blocks]), the top-k kernel selects from them.
 #pragma once
 
 #include <cuda.h>
@@ -49,12 +48,14 @@ struct IndexPrefillParams {
   const std::int32_t* tile_pages = nullptr;  // [tiles + 1], the planner's running block counts
 };
 
-template <KvFormat kFormat, bool kQueryFp8>
+// The pairings of the configuration (spec section 4): bf16 or NVFP4 keys under bf16 queries, E4M3
+// keys under E4M3 queries (the fp8 indexer).
+template <KvFormat kFormat>
 struct IndexPrefillTraits {
   static_assert(kFormat == KvFormat::kNative16 || kFormat == KvFormat::kNvfp4 ||
-                    (kFormat == KvFormat::kE4m3 && kQueryFp8),
+                    kFormat == KvFormat::kE4m3,
                 "the wgmma indexer multiplies bf16 x bf16 (NVFP4 keys widened) or E4M3 x E4M3");
-  static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;
+  static constexpr bool kFp8 = kFormat == KvFormat::kE4m3;  // E4M3 queries and keys
   // NVFP4 keys: warpgroup 0 widens each page to bf16 (code x scale, exact) into the stage with its
   // own loads, instead of one thread bringing the page by TMA.
   static constexpr bool kWidened = kFormat == KvFormat::kNvfp4;
@@ -85,7 +86,8 @@ struct IndexPrefillTraits {
 };
 
 // A CTA's share of the chunk's (tile, block) pairs, [first, last) in their order, as segments:
-// the tile at position `tile` of index_prefill_tile_in_order and its blocks [begin, end). The producer and the consumers walk the same ones.
+// the tile at position `tile` of index_prefill_tile_in_order and its blocks [begin, end). The
+// producer and the consumers walk the same ones.
 struct IndexSegments {
   const std::int32_t* tile_pages;
   std::int64_t first, last;
@@ -127,12 +129,12 @@ namespace index_prefill {
 
 // The consumer warpgroup c's 64 query vectors of a tile into the Q tile
 // ([half][kVectors rows][128 B], SW128), zeros past the tile's rows.
-template <class T, bool kQueryFp8>
+template <class T>
 __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const IndexTile& tile,
                                              int c, int ct, int head_bits, std::byte* q_tile) {
   constexpr int kChunks = T::kRowBytes / 16;  // 16-byte chunks of a stored vector
   const auto* q = static_cast<const std::uint8_t*>(p.index_q);
-  const std::int64_t elem = kQueryFp8 ? 1 : 2;
+  const std::int64_t elem = T::kFp8 ? 1 : 2;
 #pragma unroll 4
   for (int i = ct; i < 64 * kChunks; i += 128) {
     const int v = c * 64 + i / kChunks, chunk = i % kChunks;
@@ -146,16 +148,6 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
         const uint2 lo = *reinterpret_cast<const uint2*>(vector + chunk * 16);
         const uint2 hi = *reinterpret_cast<const uint2*>(vector + chunk * 16 + 8);
         value = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      } else if constexpr (kQueryFp8) {
-        // E4M3 widened exactly to bf16, 8 dims a chunk.
-        const uint2 raw = *reinterpret_cast<const uint2*>(vector + chunk * 8);
-        const auto* pairs = reinterpret_cast<const __nv_fp8x2_storage_t*>(&raw);
-        auto* o = reinterpret_cast<std::uint32_t*>(&value);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pairs[j], __NV_E4M3)));
-          o[j] = pack_bf16(f.x, f.y);
-        }
       } else {
         value = *reinterpret_cast<const uint4*>(vector + chunk * 16);
       }
@@ -329,10 +321,10 @@ struct Consumer {
 
 }  // namespace index_prefill
 
-template <KvFormat kFormat, bool kQueryFp8>
-__global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThreads, 1)
+template <KvFormat kFormat>
+__global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
     index_prefill_kernel(const __grid_constant__ IndexPrefillParams params) {
-  using T = IndexPrefillTraits<kFormat, kQueryFp8>;
+  using T = IndexPrefillTraits<kFormat>;
   const IndexScoreParams& p = params.score;
   extern __shared__ std::byte smem_raw[];
   std::byte* q_tile = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;
@@ -425,7 +417,7 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
     // The warpgroup's query vectors of the tile: its earlier MMAs are done (wait_group 0), and
     // the barrier keeps its warps from overwriting what another warp's last MMA may still read.
     named_barrier_sync(1 + c, 128);
-    index_prefill::load_queries<T, kQueryFp8>(p, tile, c, ct, head_bits, q_tile);
+    index_prefill::load_queries<T>(p, tile, c, ct, head_bits, q_tile);
     fence_proxy_async_shared();
     named_barrier_sync(1 + c, 128);
     const index_prefill::Consumer<T> consumer{p,
@@ -453,19 +445,19 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat, kQueryFp8>::kThrea
 }
 
 // Host launcher of one instantiation (index_prefill.cu instantiates them).
-template <KvFormat kFormat, bool kQueryFp8>
+template <KvFormat kFormat>
 void launch_index_prefill_kernel(const IndexPrefillParams& p, dim3 grid, cudaStream_t stream) {
-  using T = IndexPrefillTraits<kFormat, kQueryFp8>;
+  using T = IndexPrefillTraits<kFormat>;
   static const int registers = [] {
     cudaFuncAttributes a{};
-    FLASHMSA_CHECK_CUDA(cudaFuncGetAttributes(&a, index_prefill_kernel<kFormat, kQueryFp8>));
+    FLASHMSA_CHECK_CUDA(cudaFuncGetAttributes(&a, index_prefill_kernel<kFormat>));
     return a.numRegs;
   }();
   FLASHMSA_CHECK_KIND(ErrorKind::kInternal, registers == T::kLaunchRegisters,
                       "index_prefill_kernel has ", registers,
                       " registers a thread; its setmaxnreg split needs ", T::kLaunchRegisters);
-  launch_dependent_kernel(index_prefill_kernel<kFormat, kQueryFp8>, grid, T::kThreads,
-                          T::kSmemBytes, stream, p);
+  launch_dependent_kernel(index_prefill_kernel<kFormat>, grid, T::kThreads, T::kSmemBytes, stream,
+                          p);
 }
 
 }  // namespace flashmsa::cuda

@@ -165,8 +165,8 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
   l.score.pages_per_split = kPrefillPagesPerSplit;
   const int tile_rows = IndexScorePrefillTraits::kVectors / l.score.num_index_heads;
 #if FLASHMSA_WGMMA_INDEXER
-  // bf16 keys, and E4M3 keys under E4M3 queries, are scored on the wgmma kernel (same tiles,
-  // split evenly by the planner's block counts).
+  // bf16 and NVFP4 keys under bf16 queries, and E4M3 keys under E4M3 queries, are scored on the
+  // wgmma kernel (same tiles, split evenly by the planner's block counts).
   const std::optional<CUtensorMap> wgmma_keys = index_prefill_wgmma_keys(cache, l.query_fp8);
 #endif
 
@@ -197,8 +197,7 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
       launch_index_plan(plan, l.stream);
 #if FLASHMSA_WGMMA_INDEXER
       if (wgmma_keys) {
-        launch_index_prefill_wgmma(*wgmma_keys, l.score, plan.tile_pages, l.cache_dtype,
-                                   l.query_fp8, l.stream);
+        launch_index_prefill_wgmma(*wgmma_keys, l.score, plan.tile_pages, l.cache_dtype, l.stream);
       } else
 #endif
       {
