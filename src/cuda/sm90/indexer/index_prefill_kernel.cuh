@@ -45,7 +45,8 @@ struct IndexPrefillParams {
   CUtensorMap keys;        // the index-K plane (tma.hpp): boxes of 128 bytes x 128 tokens
   IndexScoreParams score;  // as for index_score_kernel (pages_per_split is not read; keys and
                            // key_scales only where warpgroup 0 widens NVFP4 pages)
-  const std::int32_t* tile_pages = nullptr;  // [tiles + 1], the planner's running block counts
+  // [tiles + 1], the planner's running block counts in index_prefill_tile_in_order's order
+  const std::int32_t* tile_pages = nullptr;
 };
 
 // The pairings of the configuration (spec section 4): bf16 or NVFP4 keys under bf16 queries, E4M3
