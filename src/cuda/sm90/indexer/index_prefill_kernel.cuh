@@ -99,17 +99,9 @@ struct IndexSegments {
     const std::int64_t total = pages[tiles];
     first = total * blockIdx.x / gridDim.x;
     last = total * (blockIdx.x + 1) / gridDim.x;
-    // The last tile whose pairs start at or before `first` (it holds `first` when first < last).
-    std::int32_t lo = 0, hi = tiles;
-    while (hi - lo > 1) {
-      const std::int32_t mid = (lo + hi) / 2;
-      if (pages[mid] <= first) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    tile = lo - 1;
+    // One before the last tile whose pairs start at or before `first` (that one holds `first`
+    // when first < last): next() steps to it.
+    tile = last_at_or_below(pages, tiles, first) - 1;
     end = 0;
   }
   // The next segment; false past the share.

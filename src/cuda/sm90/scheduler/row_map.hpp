@@ -12,6 +12,24 @@
 
 namespace flashmsa::cuda {
 
+#ifdef __CUDACC__
+// The last i in [0, n) with a[i] <= x, for a non-decreasing a with a[0] <= x (a request's or a
+// tile's first entry in a table of running offsets).
+__device__ inline std::int32_t last_at_or_below(const std::int32_t* a, std::int32_t n,
+                                                std::int64_t x) {
+  std::int32_t lo = 0, hi = n;
+  while (hi - lo > 1) {
+    const std::int32_t mid = (lo + hi) / 2;
+    if (a[mid] <= x) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  return lo;
+}
+#endif
+
 // Which request and absolute position each query row has: the device twin of cpu::RowPlan.
 // Decode rows are uniform (row r * dql + i of request r); prefill rows use the request ranges
 // index_plan_kernel computed with the CPU backend's clamping. A negative position sees nothing.
@@ -44,16 +62,7 @@ struct RowMap {
   // Prefill tiles: the request owning tile i, given each request's first tile
   // (tile_offset [B + 1], non-decreasing; i < tile_offset[B]).
   __device__ std::int32_t request_of_tile(const std::int32_t* tile_offset, std::int32_t i) const {
-    std::int32_t lo = 0, hi = num_requests;  // last request whose first tile is <= i
-    while (hi - lo > 1) {
-      const std::int32_t mid = (lo + hi) / 2;
-      if (tile_offset[mid] <= i) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    return lo;
+    return last_at_or_below(tile_offset, num_requests, i);
   }
   __device__ std::int64_t position(std::int64_t t) const {
     const std::int32_t r = request_of(t);
