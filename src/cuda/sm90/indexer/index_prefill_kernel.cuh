@@ -344,19 +344,25 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
   }
   __syncthreads();
 
+  // The share's g-th page goes to stage g % kStages once the consumers released the stage's
+  // previous page (the (g / kStages - 1)-th phase of its "empty" barrier).
+  auto free_stage = [&](std::int64_t g) {
+    const int s = static_cast<int>(g % T::kStages);
+    if (g >= T::kStages) {
+      mbarrier_wait(&empty[s], static_cast<std::uint32_t>(g / T::kStages - 1) & 1u);
+    }
+    return s;
+  };
   const int wg = threadIdx.x / 128;
   if constexpr (T::kWidened) {
     if (wg == 0) {
       cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
-      // The g-th page of the share widened into stage g % kStages once the consumers released
-      // its previous page; two pages' keys in flight (the loop takes them in turn).
+      // The share's pages widened into their stages, two pages' keys in flight (the loop takes
+      // them in turn).
       index_prefill::Widener<T> widener(p, segments, static_cast<int>(threadIdx.x));
       const std::int64_t pages = segments.last - segments.first;
       auto widen = [&](const typename index_prefill::Widener<T>::Key& key, std::int64_t g) {
-        const int s = static_cast<int>(g % T::kStages);
-        if (g >= T::kStages) {
-          mbarrier_wait(&empty[s], static_cast<std::uint32_t>(g / T::kStages - 1) & 1u);
-        }
+        const int s = free_stage(g);
         widener.widen(key, stages + s * T::kPageBytes);
         fence_proxy_async_shared();  // the stores, seen by the consumers' wgmma
         mbarrier_arrive(&full[s]);
@@ -375,17 +381,14 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
   } else if (wg == 0) {
     cutlass::arch::warpgroup_reg_dealloc<T::kProducerRegisters>();
     if (threadIdx.x != 0) return;
-    // The g-th page of the share into stage g % kStages once the consumers released its previous
-    // page; a block without a page completes its phase with no bytes (the consumers report NaN).
+    // The share's pages into their stages by TMA; a block without a page completes its phase with
+    // no bytes (the consumers report NaN).
     std::int64_t g = 0;
     while (segments.next()) {
       const IndexTile tile = tile_of(segments.tile);
       const std::int32_t* table = p.block_table + tile.request * p.table_stride;
       for (std::int64_t b = segments.begin; b < segments.end; ++b, ++g) {
-        const int s = static_cast<int>(g % T::kStages);
-        if (g >= T::kStages) {
-          mbarrier_wait(&empty[s], static_cast<std::uint32_t>(g / T::kStages - 1) & 1u);
-        }
+        const int s = free_stage(g);
         const std::int32_t page = table[b];
         if (page >= 0 && page < p.num_pages) {
           mbarrier_arrive_expect_tx(&full[s], T::kPageBytes);
