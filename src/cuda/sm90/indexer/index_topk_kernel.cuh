@@ -25,9 +25,11 @@ __global__ void __launch_bounds__(kIndexTopkThreads)
 
 // kMaxPerLane keys a lane at most: 8 for tables up to 256 blocks (32K tokens), 32 up to 1024.
 // Registers are allocated for the largest variant a kernel holds: 64 a thread (8 keys a lane)
-// give four CTAs an SM to hide the search's reduction latency, 80 (32 keys) three.
+// give four CTAs an SM to hide the reductions' latency; 32 keys a lane need more than the 80 of
+// three CTAs (the sorted path's ballots spilled there), so two (measured faster than three CTAs
+// with the search alone at 128K: the top-k 1.45-1.53 ms against 1.63-1.65, H100).
 template <int kMaxPerLane>
-__global__ void __launch_bounds__(32 * kWarpTopkWarps, kMaxPerLane <= 8 ? 4 : 3)
+__global__ void __launch_bounds__(32 * kWarpTopkWarps, kMaxPerLane <= 8 ? 4 : 2)
     index_topk_warp_kernel(const __grid_constant__ IndexTopkParams p) {
   __shared__ WarpTopkScratch scratch[kWarpTopkWarps];
 

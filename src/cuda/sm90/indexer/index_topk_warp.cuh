@@ -3,13 +3,19 @@
 // index_topk_warp_kernel.
 //
 // The row's keys (select_topk_row's: group max, NaN as -1e30, -0 as +0, forcing 1e30 / 1e29, as
-// orderable bits) stay in registers, block b = 32 j + lane in the lane's key j. A bitwise search
-// finds the k-th largest key, each step one compare a key and one warp reduction, from below the
-// high bits it must share with the smallest and the largest lane maximum; it stops as soon as
-// exactly k keys are at or above the bits decided. Ballots
-// then take the keys above it and, of the keys equal to it, the smallest ids (the CPU backend's
-// set), and place the ids in ascending order; the score order (at most 64 ids) is a rank sort.
-// No shared-memory passes and no CTA barriers, which is where the CTA version
+// orderable bits) stay in registers, block b = 32 j + lane in the lane's key j.
+// For k <= 32 the k-th largest of the 32 lane maxima bounds the k-th largest key from below (k
+// lanes hold a key at least that large), so only the keys at or above it can be chosen: about 20
+// on i.i.d. scores whatever the row's length (with one key a lane, the keys themselves). Up to 32
+// of them go one a lane, as (key, ~id) composites, through a bitonic sort across the warp: its
+// first k lanes are the top k in the score order (key desc, id asc: the CPU backend's set and
+// order), and the k-th composite picks the set in ascending id order by ballots. Rows with more
+// candidates (many equal keys) or k > 32 take the general path: a bitwise search for the k-th
+// largest key, each step one compare a key and one warp reduction, from below the high bits it
+// must share with the smallest and the largest lane maximum; it stops as soon as exactly k keys
+// are at or above the bits decided. Ballots then take the keys above it and, of the keys equal to
+// it, the smallest ids, and place the ids in ascending order; the score order (at most 64 ids) is
+// a rank sort. No shared-memory passes and no CTA barriers, which is where the CTA version
 // (index_topk_select.cuh, one CTA a row) spends most of its time on rows this short.
 #pragma once
 
@@ -21,11 +27,97 @@ namespace flashmsa::cuda {
 constexpr int kWarpTopkMaxBlocks = 1024;  // 32 keys a lane
 constexpr int kWarpTopkWarps = 8;         // rows (warps) a CTA of index_topk_warp_kernel
 
-// A warp's shared memory: the selected ids and keys, for the score order's rank sort.
+// A warp's shared memory: the sorted path's candidates; the general path's selected ids and keys,
+// for the score order's rank sort.
 struct WarpTopkScratch {
+  std::uint64_t candidates[32];
   std::int32_t ids[kMaxTopk];
   std::uint32_t keys[kMaxTopk];
 };
+
+// A key and its block id as one orderable value: the larger key first, an equal key by the
+// smaller id.
+__device__ __forceinline__ std::uint64_t rank_composite(std::uint32_t key, int id) {
+  return std::uint64_t{key} << 32 | ~static_cast<std::uint32_t>(id);
+}
+
+// A bitonic sort of one value a lane across the warp (lane 0 first): runs of 2, 4, ... 32 lanes
+// sorted in alternating directions and merged, the last run the whole warp in the asked order.
+template <bool kDescending, class T>
+__device__ __forceinline__ T warp_bitonic_sort(T v, int lane) {
+#pragma unroll
+  for (int size = 2; size <= 32; size *= 2) {
+#pragma unroll
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      const T other = __shfl_xor_sync(0xffffffffu, v, stride);
+      const bool keep_larger = (((lane & size) == 0) == kDescending) == ((lane & stride) == 0);
+      v = (other > v) == keep_larger ? other : v;
+    }
+  }
+  return v;
+}
+
+// The top k (1 <= k <= 32 < nvb) from the keys at or above the k-th largest lane maximum, sorted,
+// written in p.order; false (nothing written) where more than 32 keys are.
+template <int kPerLane>
+__device__ __forceinline__ bool warp_topk_sorted(const IndexTopkParams& p,
+                                                 const std::uint32_t (&key)[kPerLane], int k,
+                                                 int lane, std::int32_t* out, WarpTopkScratch& s) {
+  std::uint64_t c;
+  if constexpr (kPerLane == 1) {
+    // Every key is a candidate; a padding lane's key 0 ranks below the k real ones (nvb > k).
+    c = rank_composite(key[0], lane);
+  } else {
+    // Every lane holds a real key (nvb > 32).
+    std::uint32_t lane_max = key[0];
+#pragma unroll
+    for (int j = 1; j < kPerLane; ++j) lane_max = max(lane_max, key[j]);
+    const std::uint32_t bound =
+        __shfl_sync(0xffffffffu, warp_bitonic_sort<true>(lane_max, lane), k - 1);
+    std::uint32_t chosen = 0;  // bit j: key j is a candidate
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) chosen |= static_cast<std::uint32_t>(key[j] >= bound) << j;
+    const int candidates =
+        static_cast<int>(__reduce_add_sync(0xffffffffu, static_cast<unsigned>(__popc(chosen))));
+    if (candidates > 32) return false;
+    // One a lane through shared memory, key j of every lane after key j - 1's.
+    const std::uint32_t lanes_below = (1u << lane) - 1u;
+    int placed = 0;
+#pragma unroll
+    for (int j = 0; j < kPerLane; ++j) {
+      const bool mine = chosen >> j & 1u;
+      const std::uint32_t lanes = __ballot_sync(0xffffffffu, mine);
+      if (mine)
+        s.candidates[placed + __popc(lanes & lanes_below)] = rank_composite(key[j], 32 * j + lane);
+      placed += __popc(lanes);
+    }
+    __syncwarp();
+    c = lane < candidates ? s.candidates[lane] : 0;
+    __syncwarp();  // read before a later row's writes
+  }
+  c = warp_bitonic_sort<true>(c, lane);
+  allow_next_kernel();  // the attention's CTAs launch while the ids are written
+  if (p.order == TopkOrder::kScoreDesc) {
+    if (lane < k)
+      out[lane * p.topk_stride[2]] = static_cast<std::int32_t>(~static_cast<std::uint32_t>(c));
+    return true;
+  }
+  // The set: the composites at or above the k-th (exactly k: ids are distinct), placed in
+  // ascending id order. Ascending ids end with the local blocks (the highest visible ids):
+  // ascending and local_last coincide.
+  const std::uint64_t kth = __shfl_sync(0xffffffffu, c, k - 1);
+  const std::uint32_t lanes_below = (1u << lane) - 1u;
+  int taken_before = 0;
+#pragma unroll
+  for (int j = 0; j < kPerLane; ++j) {
+    const bool take = rank_composite(key[j], 32 * j + lane) >= kth;
+    const std::uint32_t taken_lanes = __ballot_sync(0xffffffffu, take);
+    if (take)
+      out[(taken_before + __popc(taken_lanes & lanes_below)) * p.topk_stride[2]] = 32 * j + lane;
+    taken_before += __popc(taken_lanes);
+  }
+  return true;
+}
 
 // Row t's top-k for `kv_head` by the calling warp, written in p.order (-1 past k), with the row's
 // block_scores when asked for. kPerLane * 32 >= nvb, the row's visible blocks.
@@ -73,6 +165,12 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
     for (int b = 32 * kPerLane + lane; b < p.block_scores_width; b += 32) {
       block_scores[b * p.block_scores_stride[2]] = -INFINITY;
     }
+  }
+
+  std::int32_t* out = p.topk_out + kv_head * p.topk_stride[0] + t * p.topk_stride[1];
+  if (nvb > k && k >= 1 && k <= 32 && warp_topk_sorted(p, key, k, lane, out, s)) {
+    for (int i = k + lane; i < p.topk; i += 32) out[i * p.topk_stride[2]] = -1;
+    return;
   }
 
   // Keys above `threshold` are taken, then the first need_equal keys equal to it by id. With at
@@ -127,7 +225,6 @@ __device__ __forceinline__ void warp_topk_row(const IndexTopkParams& p, std::int
   }
   allow_next_kernel();  // the attention's CTAs launch while the ids are written
 
-  std::int32_t* out = p.topk_out + kv_head * p.topk_stride[0] + t * p.topk_stride[1];
   const bool by_score = p.order == TopkOrder::kScoreDesc;
   const std::uint32_t lanes_below = (1u << lane) - 1u;
   int taken_before = 0, equal_before = 0;
