@@ -213,30 +213,55 @@ struct Widener {
   }
 };
 
-// A consumer warpgroup's work on one page of a segment: its tile's MMAs and block maxima.
+// A consumer warpgroup's work on the pages of one segment: its tile's MMAs and block maxima.
+// What does not change from page to page (descriptors, each accumulator row's output row, its
+// last visible block) is set up once a segment: the per-page epilogue is the maxima and a store.
 template <class T>
 struct Consumer {
-  const IndexScoreParams& p;
-  const IndexTile& tile;
   const std::int32_t* table;  // the tile's request's block table
-  const std::byte* q_tile;    // the warpgroup's first query vector (half 0)
-  const std::byte* stages;
-  int head_bits, c, warp, lane;
+  std::uint32_t num_pages;    // a page id below it is in the cache (as unsigned: no negatives)
+  std::uint64_t q_desc;       // the warpgroup's query vectors (half 0), and the stage ring's start
+  std::uint64_t stage_desc;
+  // The thread's two accumulator rows (lane / 4 + 16 warp and 8 below): block scores and
+  // position (-1 for a row past the tile: its last visible block, pos >> 7, is then -1 as for a
+  // row before its request's first token).
+  float* row_scores[2];
+  std::int32_t pos[2];
+  std::int32_t full_blocks;  // blocks below it: every row of the tile sees all 128 keys
+  int lane;
 
-  __device__ __forceinline__ bool page_ok(std::int32_t page) const {
-    return page >= 0 && page < p.num_pages;
+  __device__ __forceinline__ Consumer(const IndexScoreParams& p, const IndexTile& tile,
+                                      const std::byte* q_tile, const std::byte* stages,
+                                      int head_bits, int c, int warp, int lane_)
+      : table(p.block_table + tile.request * p.table_stride),
+        num_pages(static_cast<std::uint32_t>(min64(p.num_pages, std::int64_t{1} << 31))),
+        q_desc(sw128_descriptor(q_tile + c * 64 * 128)),
+        stage_desc(sw128_descriptor(stages)),
+        full_blocks(static_cast<std::int32_t>(min64((tile.pos + 1) >> 7, 0x7fffffff))),
+        lane(lane_) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int v = c * 64 + warp * 16 + lane / 4 + 8 * h;
+      const int row = v >> head_bits, head = v & ((1 << head_bits) - 1);
+      pos[h] = row < tile.rows ? static_cast<std::int32_t>(tile.pos + row) : -1;
+      row_scores[h] =
+          p.scores +
+          (std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) * p.max_blocks;
+    }
   }
 
   // S = Q K^T of the page in `stage` into acc: kKSteps wgmmas of 32 bytes a row, one commit group.
+  // (A descriptor's address field is the byte address / 16: offsets add to it.)
   __device__ __forceinline__ void issue(float (&acc)[64], int stage) const {
-    const std::byte* b = stages + stage * T::kPageBytes;
+    const std::uint64_t page_desc =
+        stage_desc + static_cast<std::uint64_t>(stage) * (T::kPageBytes >> 4);
     wgmma_fence_accumulators(acc);
     cute::warpgroup_arrive();
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
       const int half = ks / 4, offset = (ks % 4) * 32;
-      const std::uint64_t da = sw128_descriptor(q_tile + half * (T::kVectors * 128) + offset);
-      const std::uint64_t db = sw128_descriptor(b + half * (128 * 128) + offset);
+      const std::uint64_t da = q_desc + ((half * (T::kVectors * 128) + offset) >> 4);
+      const std::uint64_t db = page_desc + ((half * (128 * 128) + offset) >> 4);
       if constexpr (T::kFp8) {
         wgmma_64x128x32_e4m3(da, db, acc, ks > 0);
       } else {
@@ -246,68 +271,79 @@ struct Consumer {
     cute::warpgroup_commit_batch();
   }
 
-  // The block maxima of the tile's block `block`, masked past each row's position, to the scores.
-  __device__ __forceinline__ void store_block_max(const float (&acc)[64],
-                                                  std::int64_t block) const {
-    const float nan = __int_as_float(0x7fc00000);
-    const std::int64_t first_key = block * 128;
-    const bool all_visible = first_key + 127 <= tile.pos;  // the tile's first row sees it all
-    const bool have_page = page_ok(table[block]);
+  // The last key of `block` row h sees (-1: none), where the block is not whole to every row.
+  __device__ __forceinline__ int last_key(int h, int block) const {
+    return block < full_blocks ? 127 : max(-1, min(127, pos[h] - block * 128));
+  }
+
+  // The thread's part of row h's best number in the page (fmaxf drops NaN) as a tree, five deep
+  // (a chain would be 32); kMasked: the keys past `last` count as -inf.
+  template <bool kMasked>
+  __device__ __forceinline__ float row_max(const float (&acc)[64], int h, int last) const {
+    float t[16];
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int v = c * 64 + warp * 16 + lane / 4 + 8 * half;
-      const int row = v >> head_bits;
-      const std::int64_t pos = tile.pos + row;
-      const int last_key =
-          all_visible ? 127 : static_cast<int>(max64(-1, min64(127, pos - first_key)));
-      // The best number (fmaxf drops NaN): one instruction a key on the fully visible pages.
-      float m = -INFINITY;
-      if (all_visible) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-          m = fmaxf(m, fmaxf(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]));
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) {
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x = acc[4 * j + 2 * half + e];
-            if (8 * j + 2 * (lane % 4) + e > last_key) x = -INFINITY;
-            m = fmaxf(m, x);
-          }
-        }
+    for (int j = 0; j < 16; ++j) {
+      float x0 = acc[4 * j + 2 * h], x1 = acc[4 * j + 2 * h + 1];
+      if constexpr (kMasked) {
+        if (8 * j + 2 * (lane % 4) > last) x0 = -INFINITY;
+        if (8 * j + 2 * (lane % 4) + 1 > last) x1 = -INFINITY;
       }
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
-      // A NaN ranks as -1e30 (RankMax): it decides the key only where the best number is below
-      // that or there is none, so only there (rare; a warp-uniform branch) are NaNs looked for.
-      const bool low = !(m >= -1e30f);
-      if (__any_sync(0xffffffffu, low)) {
+      t[j] = fmaxf(x0, x1);
+    }
+#pragma unroll
+    for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
+    return fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
+  }
+
+  // The block maxima of `block` (each row masked past its position) into the block scores.
+  __device__ __forceinline__ void store_block_max(const float (&acc)[64], int block) const {
+    const float nan = __int_as_float(0x7fc00000);
+    const bool have_page = static_cast<std::uint32_t>(table[block]) < num_pages;
+    // Each row's best number; the partial blocks (a warp-uniform branch) mask keys first.
+    float m[2];
+    if (block < full_blocks) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m[h] = row_max<false>(acc, h, 127);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m[h] = row_max<true>(acc, h, last_key(h, block));
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 1));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) m[h] = fmaxf(m[h], __shfl_xor_sync(0xffffffffu, m[h], 2));
+    // A NaN ranks as -1e30 (RankMax): it decides the key only where the best number is below
+    // that or there is none (m NaN or -inf), so only there (rare; a warp-uniform branch) are NaNs
+    // looked for.
+    const bool low[2] = {!(m[0] >= -1e30f), !(m[1] >= -1e30f)};
+    if (__any_sync(0xffffffffu, low[0] || low[1])) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int last = last_key(h, block);
         int any_nan = 0;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float x = acc[4 * j + 2 * half + e];
+            const float x = acc[4 * j + 2 * h + e];
             any_nan |=
-                static_cast<int>(x != x) & static_cast<int>(8 * j + 2 * (lane % 4) + e <= last_key);
+                static_cast<int>(x != x) & static_cast<int>(8 * j + 2 * (lane % 4) + e <= last);
           }
         }
         any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 1);
         any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, 2);
-        if (low && any_nan) m = -1e30f;
+        if (low[h] && any_nan) m[h] = -1e30f;  // (m NaN only where every key is: any_nan)
       }
-      if (m == 0.0f) m = 0.0f;  // -0.0 ranks as +0.0
-      if (lane % 4 == 0 && row < tile.rows && pos >= 0 && block <= pos / 128) {
-        const int head = v & ((1 << head_bits) - 1);
-        // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the
-        // CPU.
-        const float score = !have_page || m == -1e30f ? nan : m;
-        p.scores[(std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) *
-                     p.max_blocks +
-                 block] = score;
-      }
+    }
+    if (lane % 4 != 0) return;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if (block > pos[h] >> 7) continue;  // past the row's last visible block
+      if (m[h] == 0.0f) m[h] = 0.0f;      // -0.0 ranks as +0.0
+      // A block whose best key ranks as NaN (all dots NaN, or no page) reports NaN, as on the CPU.
+      row_scores[h][block] = !have_page || m[h] == -1e30f ? nan : m[h];
     }
   }
 };
@@ -416,15 +452,7 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
     index_prefill::load_queries<T>(p, tile, c, ct, head_bits, q_tile);
     fence_proxy_async_shared();
     named_barrier_sync(1 + c, 128);
-    const index_prefill::Consumer<T> consumer{p,
-                                              tile,
-                                              p.block_table + tile.request * p.table_stride,
-                                              q_tile + c * 64 * 128,
-                                              stages,
-                                              head_bits,
-                                              c,
-                                              warp,
-                                              lane};
+    const index_prefill::Consumer<T> consumer(p, tile, q_tile, stages, head_bits, c, warp, lane);
     // Per page: the MMAs, then the maxima while the other warpgroups' MMAs run.
     float acc[64];
     for (std::int64_t b = segments.begin; b < segments.end; ++b, ++g) {
@@ -434,7 +462,7 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(acc);
       mbarrier_arrive(&empty[s]);  // the page is read: the producer may refill its stage
-      consumer.store_block_max(acc, b);
+      consumer.store_block_max(acc, static_cast<int>(b));
     }
   }
   allow_next_kernel();
