@@ -56,12 +56,22 @@ __device__ __forceinline__ void wgmma_64x128x16_bf16(std::uint64_t a, std::uint6
                                                              cute::SM90::GMMA::Major::K>;
   wgmma_64x128_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
-// E4M3 x E4M3, k 32 (32 bytes of each row): the native fp8 tensor-core path, whose sum inside
-// one instruction keeps about 14 significant bits (spec section 4's fp8 exception).
-__device__ __forceinline__ void wgmma_64x128x32_e4m3(std::uint64_t a, std::uint64_t b,
-                                                     float (&acc)[64], bool accumulate) {
-  using Mma = cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_SS_TN<>;
-  wgmma_64x128_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
+// E4M3 x E4M3, k 32 (32 bytes of each row), A from registers: the native fp8 tensor-core path,
+// whose sum inside one instruction keeps about 14 significant bits (spec section 4's fp8
+// exception). a[4] is wgmma's A fragment of the k-step: rows lane / 4 + 16 warp and 8 below,
+// bytes 4 (lane % 4) + {0..3} and 16 above, in that register order.
+template <std::size_t... I>
+__device__ __forceinline__ void wgmma_64x128x32_e4m3_rs_impl(const std::uint32_t* a,
+                                                             std::uint64_t b, float (&acc)[64],
+                                                             bool accumulate,
+                                                             std::index_sequence<I...>) {
+  cute::SM90::GMMA::MMA_64x128x32_F32E4M3E4M3_RS_TN<>::fma(
+      a[0], a[1], a[2], a[3], b, acc[I]...,
+      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+__device__ __forceinline__ void wgmma_64x128x32_e4m3_rs(const std::uint32_t* a, std::uint64_t b,
+                                                        float (&acc)[64], bool accumulate) {
+  wgmma_64x128x32_e4m3_rs_impl(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
 
 // The accumulators are written asynchronously between a wgmma and the wait for its group: these

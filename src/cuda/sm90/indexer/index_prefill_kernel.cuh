@@ -10,11 +10,13 @@
 //     mbarrier (transaction bytes) and an "empty" one (the consumers' release), across segments.
 //     NVFP4 keys: all of warpgroup 0 widens them, a key a thread, to bf16 (code x scale, exact)
 //     into the same ring, with its own loads two pages ahead.
-//   - warpgroups 1-4: the consumers, 64 vectors each (one m64 tile; a segment's first page loads
-//     the tile's). The query vectors are the M dimension and the page's keys the N dimension
-//     (m64n128, K = 128 dims), so a row's block max over the page's 128 keys stays inside each
-//     thread's accumulator fragment: 31 max instructions and two shuffles a row, no shared-memory
-//     pass. While one warpgroup reduces its maxima, the other three have MMAs on the tensor cores.
+//   - warpgroups 1-4: the consumers, 64 vectors each (one m64 tile; loaded at a segment's start,
+//     bf16 ones into a shared-memory Q tile, E4M3 ones into registers as wgmma's A operand, so
+//     the fp8 MMAs read only the keys from shared memory). The query vectors are the M dimension
+//     and the page's keys the N dimension (m64n128, K = 128 dims), so a row's block max over the
+//     page's 128 keys stays inside each thread's accumulator fragment: 31 max instructions and two
+//     shuffles a row, no shared-memory pass. While one warpgroup reduces its maxima, the other
+//     three have MMAs on the tensor cores.
 // bf16 and widened NVFP4 keys multiply bf16 queries (under NVFP4 keys each 8-dim chunk in the
 // widening's pair order); E4M3 keys multiply E4M3 queries on the native fp8 wgmma (spec section 4,
 // "Exception, the fp8 indexer": the four k32 steps accumulate in the tensor core, whose sum keeps
@@ -67,7 +69,11 @@ struct IndexPrefillTraits {
   static constexpr int kRowBytes = kFp8 ? 128 : 256;  // one query vector or key in shared memory
   static constexpr int kHalves = kRowBytes / 128;     // SW128 tiles an operand (64-dim halves)
   static constexpr int kKSteps = 4 * kHalves;         // 32 bytes of each row a step
-  static constexpr int kQueryBytes = kVectors * kRowBytes;
+  // E4M3 queries stay in the consumers' registers as wgmma's A operand (16 a thread), so the
+  // tensor cores read only the keys from shared memory; bf16 ones (32 a thread would not fit
+  // beside the accumulators) are a shared-memory tile.
+  static constexpr bool kQueryInRegisters = kFp8;
+  static constexpr int kQueryBytes = kQueryInRegisters ? 0 : kVectors * kRowBytes;
   static constexpr int kPageBytes = 128 * kRowBytes;
   static constexpr int kStages = kFp8 ? 8 : 4;
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
@@ -120,14 +126,15 @@ struct IndexSegments {
 
 namespace index_prefill {
 
-// The consumer warpgroup c's 64 query vectors of a tile into the Q tile
+// The consumer warpgroup c's 64 bf16 query vectors of a tile into the Q tile
 // ([half][kVectors rows][128 B], SW128), zeros past the tile's rows.
 template <class T>
 __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const IndexTile& tile,
                                              int c, int ct, int head_bits, std::byte* q_tile) {
+  static_assert(!T::kQueryInRegisters);
   constexpr int kChunks = T::kRowBytes / 16;  // 16-byte chunks of a stored vector
   const auto* q = static_cast<const std::uint8_t*>(p.index_q);
-  const std::int64_t elem = T::kFp8 ? 1 : 2;
+  constexpr std::int64_t elem = 2;
 #pragma unroll 4
   for (int i = ct; i < 64 * kChunks; i += 128) {
     const int v = c * 64 + i / kChunks, chunk = i % kChunks;
@@ -136,14 +143,7 @@ __device__ __forceinline__ void load_queries(const IndexScoreParams& p, const In
     if (row < tile.rows) {
       const std::uint8_t* vector =
           q + ((tile.row + row) * p.q_row_stride + head * p.q_head_stride) * elem;
-      if constexpr (T::kFp8) {
-        // E4M3 as it is, 16 dims a chunk (rows are only 8-byte aligned).
-        const uint2 lo = *reinterpret_cast<const uint2*>(vector + chunk * 16);
-        const uint2 hi = *reinterpret_cast<const uint2*>(vector + chunk * 16 + 8);
-        value = make_uint4(lo.x, lo.y, hi.x, hi.y);
-      } else {
-        value = *reinterpret_cast<const uint4*>(vector + chunk * 16);
-      }
+      value = *reinterpret_cast<const uint4*>(vector + chunk * 16);
       // Widened NVFP4 keys hold their dims in the widening's pair order: match it.
       if constexpr (T::kWidened) value = convert::e2m1_pair_order(value);
     }
@@ -214,13 +214,15 @@ struct Widener {
 };
 
 // A consumer warpgroup's work on the pages of one segment: its tile's MMAs and block maxima.
-// What does not change from page to page (descriptors, each accumulator row's output row, its
-// last visible block) is set up once a segment: the per-page epilogue is the maxima and a store.
+// What does not change from page to page (descriptors or E4M3 query registers, each accumulator
+// row's output row, its last visible block) is set up once a segment: the per-page epilogue is the
+// maxima and a store.
 template <class T>
 struct Consumer {
   const std::int32_t* table;  // the tile's request's block table
   std::uint32_t num_pages;    // a page id below it is in the cache (as unsigned: no negatives)
-  std::uint64_t q_desc;       // the warpgroup's query vectors (half 0), and the stage ring's start
+  std::uint64_t q_desc;       // the warpgroup's query vectors in the Q tile (half 0; bf16 queries)
+                              // and the stage ring's start
   std::uint64_t stage_desc;
   // The thread's two accumulator rows (lane / 4 + 16 warp and 8 below): block scores and
   // position (-1 for a row past the tile: its last visible block, pos >> 7, is then -1 as for a
@@ -229,6 +231,10 @@ struct Consumer {
   std::int32_t pos[2];
   std::int32_t full_blocks;  // blocks below it: every row of the tile sees all 128 keys
   int lane;
+  // kQueryInRegisters: the thread's part of wgmma's A (the warpgroup's 64 query vectors), four
+  // registers a k-step: rows lane / 4 + 16 warp and 8 below, bytes 4 (lane % 4) + {0..3} and 16
+  // above, zeros for rows past the tile.
+  std::uint32_t query[T::kQueryInRegisters ? 4 * T::kKSteps : 1];
 
   __device__ __forceinline__ Consumer(const IndexScoreParams& p, const IndexTile& tile,
                                       const std::byte* q_tile, const std::byte* stages,
@@ -247,6 +253,20 @@ struct Consumer {
       row_scores[h] =
           p.scores +
           (std::int64_t{head} * p.chunk.rows() + (tile.row + row - p.chunk.begin)) * p.max_blocks;
+      if constexpr (T::kQueryInRegisters) {
+        // E4M3 rows are only 8-byte aligned: 4-byte loads.
+        const auto* vector = static_cast<const std::uint8_t*>(p.index_q) +
+                             (tile.row + row) * p.q_row_stride + head * p.q_head_stride;
+#pragma unroll
+        for (int ks = 0; ks < T::kKSteps; ++ks) {
+#pragma unroll
+          for (int upper = 0; upper < 2; ++upper) {
+            const int byte = 32 * ks + 16 * upper + 4 * (lane % 4);
+            query[4 * ks + 2 * upper + h] =
+                row < tile.rows ? *reinterpret_cast<const std::uint32_t*>(vector + byte) : 0u;
+          }
+        }
+      }
     }
   }
 
@@ -262,8 +282,8 @@ struct Consumer {
       const int half = ks / 4, offset = (ks % 4) * 32;
       const std::uint64_t da = q_desc + ((half * (T::kVectors * 128) + offset) >> 4);
       const std::uint64_t db = page_desc + ((half * (128 * 128) + offset) >> 4);
-      if constexpr (T::kFp8) {
-        wgmma_64x128x32_e4m3(da, db, acc, ks > 0);
+      if constexpr (T::kQueryInRegisters) {
+        wgmma_64x128x32_e4m3_rs(query + 4 * ks, db, acc, ks > 0);
       } else {
         wgmma_64x128x16_bf16(da, db, acc, ks > 0);
       }
@@ -276,31 +296,32 @@ struct Consumer {
     return block < full_blocks ? 127 : max(-1, min(127, pos[h] - block * 128));
   }
 
-  // The thread's part of row h's best number in the page (fmaxf drops NaN) as a tree, five deep
-  // (a chain would be 32); kMasked: the keys past `last` count as -inf.
+  // The thread's part of row h's best number in the page (fmaxf drops NaN) as four chains of
+  // eight, joined (one chain would be 32 deep; a tree needs 16 registers beside the live
+  // accumulators); kMasked: the keys past `last` count as -inf.
   template <bool kMasked>
   __device__ __forceinline__ float row_max(const float (&acc)[64], int h, int last) const {
-    float t[16];
+    float t[4];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
-      float x0 = acc[4 * j + 2 * h], x1 = acc[4 * j + 2 * h + 1];
-      if constexpr (kMasked) {
-        if (8 * j + 2 * (lane % 4) > last) x0 = -INFINITY;
-        if (8 * j + 2 * (lane % 4) + 1 > last) x1 = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        float x = acc[4 * j + 2 * h + e];
+        if constexpr (kMasked) {
+          if (8 * j + 2 * (lane % 4) + e > last) x = -INFINITY;
+        }
+        t[j % 4] = j < 4 && e == 0 ? x : fmaxf(t[j % 4], x);
       }
-      t[j] = fmaxf(x0, x1);
     }
-#pragma unroll
-    for (int j = 0; j < 8; ++j) t[j] = fmaxf(t[j], t[j + 8]);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) t[j] = fmaxf(t[j], t[j + 4]);
-    return fmaxf(fmaxf(t[0], t[2]), fmaxf(t[1], t[3]));
+    return fmaxf(fmaxf(t[0], t[1]), fmaxf(t[2], t[3]));
   }
 
-  // The block maxima of `block` (each row masked past its position) into the block scores.
-  __device__ __forceinline__ void store_block_max(const float (&acc)[64], int block) const {
+  // The block maxima of `block` (each row masked past its position) into the block scores;
+  // `page` is its table entry.
+  __device__ __forceinline__ void store_block_max(const float (&acc)[64], int block,
+                                                  std::int32_t page) const {
     const float nan = __int_as_float(0x7fc00000);
-    const bool have_page = static_cast<std::uint32_t>(table[block]) < num_pages;
+    const bool have_page = static_cast<std::uint32_t>(page) < num_pages;
     // Each row's best number; the partial blocks (a warp-uniform branch) mask keys first.
     float m[2];
     if (block < full_blocks) {
@@ -442,27 +463,44 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
   }
 
   cutlass::arch::warpgroup_reg_alloc<T::kConsumerRegisters>();
-  const int c = wg - 1, ct = threadIdx.x % 128, warp = ct / 32, lane = ct % 32;
-  std::int64_t g = 0;
+  // c and warp broadcast from lane 0: the compiler then knows them warp-uniform and keeps the
+  // descriptors in uniform registers.
+  const int c = __shfl_sync(0xffffffffu, wg - 1, 0), ct = threadIdx.x % 128,
+            warp = __shfl_sync(0xffffffffu, ct / 32, 0), lane = ct % 32;
+  // The share's g-th page waits in stage g % kStages for phase (g / kStages) & 1: both carried
+  // across segments as 32-bit counters.
+  int stage = 0;
+  std::uint32_t phase = 0;
   while (segments.next()) {
     const IndexTile tile = tile_of(segments.tile);
-    // The warpgroup's query vectors of the tile: its earlier MMAs are done (wait_group 0), and
-    // the barrier keeps its warps from overwriting what another warp's last MMA may still read.
-    named_barrier_sync(1 + c, 128);
-    index_prefill::load_queries<T>(p, tile, c, ct, head_bits, q_tile);
-    fence_proxy_async_shared();
-    named_barrier_sync(1 + c, 128);
+    if constexpr (!T::kQueryInRegisters) {
+      // The warpgroup's query vectors of the tile: its earlier MMAs are done (wait_group 0), and
+      // the barrier keeps its warps from overwriting what another warp's last MMA may still read.
+      named_barrier_sync(1 + c, 128);
+      index_prefill::load_queries<T>(p, tile, c, ct, head_bits, q_tile);
+      fence_proxy_async_shared();
+      named_barrier_sync(1 + c, 128);
+    }
     const index_prefill::Consumer<T> consumer(p, tile, q_tile, stages, head_bits, c, warp, lane);
-    // Per page: the MMAs, then the maxima while the other warpgroups' MMAs run.
+    // Per page: the MMAs, then the maxima while the other warpgroups' MMAs run. Blocks are below
+    // max_blocks (int32); each block's table entry is read a page ahead, its latency hidden
+    // behind the wait and the MMAs.
+    const int begin = static_cast<int>(segments.begin), end = static_cast<int>(segments.end);
+    std::int32_t page = consumer.table[begin];
     float acc[64];
-    for (std::int64_t b = segments.begin; b < segments.end; ++b, ++g) {
-      const int s = static_cast<int>(g % T::kStages);
-      mbarrier_wait(&full[s], static_cast<std::uint32_t>(g / T::kStages) & 1u);
-      consumer.issue(acc, s);
+    for (int b = begin; b < end; ++b) {
+      const std::int32_t next_page = b + 1 < end ? consumer.table[b + 1] : -1;
+      mbarrier_wait(&full[stage], phase);
+      consumer.issue(acc, stage);
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(acc);
-      mbarrier_arrive(&empty[s]);  // the page is read: the producer may refill its stage
-      consumer.store_block_max(acc, static_cast<int>(b));
+      mbarrier_arrive(&empty[stage]);  // the page is read: the producer may refill its stage
+      consumer.store_block_max(acc, b, page);
+      page = next_page;
+      if (++stage == T::kStages) {
+        stage = 0;
+        phase ^= 1u;
+      }
     }
   }
   allow_next_kernel();
