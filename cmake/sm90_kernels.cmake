@@ -16,7 +16,7 @@ set(_attention_traits AttentionPrefillTraits AttentionDecode1Traits AttentionDec
                       AttentionDecode1TwoPerSmSelectTraits)
 # Traits for 16-bit caches only (the other caches' 1-row tiles are sized so anyway).
 set(_attention_traits_16_bit AttentionDecode1TwoPerSmTraits AttentionDecode1TwoPerSmSelectTraits)
-set(_index_traits IndexScorePrefillTraits IndexScoreDecodeTraits16 IndexScoreDecodeTraits64)
+set(_index_traits IndexScoreDecodeTraits16 IndexScoreDecodeTraits64 IndexScoreDecodeTraits256)
 set(_types __nv_bfloat16 __half)
 
 # Entries "kernel traits format type type" (attention: MMA type, q type; index: query fp8).

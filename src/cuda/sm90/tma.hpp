@@ -15,7 +15,7 @@ namespace flashmsa::cuda {
 // tokens of a page, `num_pages` pages), read in boxes of `box_elements` x 128 tokens x 1 page
 // written to shared memory with the 128-byte swizzle (box_elements x elem_bytes must be 128).
 // nullopt where TMA cannot describe the plane (strides not multiples of 16 bytes or past 2^40, a
-// driver without cuTensorMapEncodeTiled): the caller then takes a kernel without TMA.
+// driver without cuTensorMapEncodeTiled): the caller reports it.
 std::optional<CUtensorMap> page_plane_tensor_map(const CachePlane& plane, std::int64_t num_pages,
                                                  int row_elements, int elem_bytes,
                                                  int box_elements);

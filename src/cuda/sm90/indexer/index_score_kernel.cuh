@@ -1,4 +1,5 @@
-// index_score_kernel: block scores of one query tile against the index-K pages of one split.
+// index_score_kernel: the decode indexer's block scores of one request's query rows against the
+// index-K pages of one split (prefill is index_prefill_kernel's).
 //
 // A CTA holds its tile's index queries (kVectors (row, index head) pairs x 128 dims, bf16) in
 // shared memory and streams the tile's visible pages through the cp.async ring of
@@ -8,9 +9,9 @@
 // keys after each row's position, reduce each row to its block max (rank order: NaN as -1e30) and
 // write one fp32 per (index head, row, block). E4M3 keys scored by E4M3 queries (the fp8 indexer)
 // go straight from the page stage into the E4M3 mma.sync (which ptxas expands into conversions and
-// f16 MMAs on sm_90) on the prefill tile, and on the decode tiles into f16 MMAs by hand against a
-// query tile widened to f16 once (qk_step_e4m3_f16: no per-page query conversion); NVFP4 keys on
-// the decode tiles are widened in registers into the bf16 MMA's fragments (register_qk); the other
+// f16 MMAs on sm_90) on the 256-vector tile, and on the smaller tiles into f16 MMAs by hand against
+// a query tile widened to f16 once (qk_step_e4m3_f16: no per-page query conversion); NVFP4 keys on
+// the smaller tiles are widened in registers into the bf16 MMA's fragments (register_qk); the other
 // quantized keys are widened to bf16 in shared memory (exactly: every format is a subset of bf16)
 // for the bf16 path.
 #pragma once
@@ -74,7 +75,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   const int warp_m = warp / Traits::kWarpsN, warp_n = warp % Traits::kWarpsN;
   // Decode tiles: the split's pages, one a lane (num_blocks <= kIndexScoreMaxSplitPages), so the
   // page loop's fills take their page by a shuffle instead of waiting on a global load of the
-  // table each. (The prefill tile keeps the loads: the lane's register made its E4M3 instance
+  // table each. (The 256-vector tile keeps the loads: the lane's register made its E4M3 instance
   // spill.)
   constexpr bool kPagesInLanes = Traits::kWarpsM == 1;
   const int lane_page = kPagesInLanes && lane < num_blocks ? static_cast<int>(page_of(lane)) : -1;
@@ -210,8 +211,8 @@ __global__ void __launch_bounds__(Traits::kThreads)
   // Vector v's row, v / hidx: the page loop divided every page (and every group's store). On the
   // decode tiles it is (v x row_magic) >> 24, exact for v, hidx <= 256: row_magic is
   // (2^24 + e) / hidx with e < hidx, so the product exceeds v x 2^24 / hidx by v x e / hidx with
-  // v x e < 2^16, less than the 2^24 / hidx that would change the quotient. The prefill tile keeps
-  // the division (the magic's register made its E4M3 instance spill).
+  // v x e < 2^16, less than the 2^24 / hidx that would change the quotient. The 256-vector tile
+  // keeps the division (the magic's register made its E4M3 instance spill).
   static_assert(Traits::kVectors <= 256);
   const std::uint32_t row_magic = ((1u << 24) + hidx - 1) / hidx;
   auto row_of_vector = [&](int v) -> int {
@@ -313,7 +314,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       } else {
         using MmaElem = std::conditional_t<kFp8Mma, __nv_fp8_e4m3, __nv_bfloat16>;
         // The fp8 steps are not unrolled: one is already kMTiles x kNTiles MMAs, and unrolling
-        // made the prefill tile spill.
+        // made the 256-vector tile spill.
 #pragma unroll(kFp8Mma ? 1 : 8)
         for (int ks = 0; ks < 128 / kStepDims<MmaElem>; ++ks) {
           std::uint32_t a[Traits::kMTiles][4];
@@ -341,7 +342,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
         const int v = warp_m * Traits::kWarpRows + mt * 16 + lane / 4 + 8 * half;
         const std::int64_t pos = tile.pos + row_of_vector(v);
         // Decode tiles: the row's last visible key of the page as a 32-bit bound, one compare a
-        // key (on the prefill tile the bound made the E4M3 instance spill).
+        // key (on the 256-vector tile the bound made the E4M3 instance spill).
         const int last_key =
             all_visible ? 127 : static_cast<int>(max64(-1, min64(127, pos - first_key)));
         auto block_max = [&](auto visible) {
@@ -389,7 +390,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
       }
       continue;
     }
-    // Every page on its own (store_maxima(i, 1) computes the same, but made the prefill E4M3
+    // Every page on its own (store_maxima(i, 1) computes the same, but made the 256-vector E4M3
     // instance spill). One (row, index head) per thread: kVectors <= kThreads in every tile shape.
     __syncthreads();
     static_assert(Traits::kVectors <= Traits::kThreads);

@@ -17,11 +17,11 @@ struct IndexScoreTraits {
   static_assert(kMTiles >= 1 && kWarpRows % 16 == 0 && kNTiles % 2 == 0);
 };
 
-// Prefill: 64 rows x 4 index heads per tile, 8 warps of 64 x 64.
-using IndexScorePrefillTraits = IndexScoreTraits<256, 4, 2, 2>;
-// Decode: one request's rows (dql x Hidx <= 16 or <= 64), 4 warps splitting each page's keys.
+// Decode (prefill is index_prefill_kernel's): one request's rows, dql x Hidx <= 16 or <= 64 with
+// 4 warps splitting each page's keys, up to 256 (16 index heads) with 8 warps of 64 x 64.
 using IndexScoreDecodeTraits16 = IndexScoreTraits<16, 1, 4, 3>;
 using IndexScoreDecodeTraits64 = IndexScoreTraits<64, 1, 4, 3>;
+using IndexScoreDecodeTraits256 = IndexScoreTraits<256, 4, 2, 2>;
 
 // E4M3 keys against E4M3 queries (the fp8 indexer) are multiplied as they are by the E4M3
 // mma.sync (on sm_90 ptxas expands it into f16 conversions and f16 MMAs); every other pairing of a
@@ -35,8 +35,8 @@ constexpr bool index_score_uses_fp8_mma() {
 // every warp widens its keys' codes in registers straight into MMA fragments, the block scale
 // multiplied in (register_qk's kNvfp4ScaledDown: code x scale x 2^-63, exact; each query
 // vector is stored x 2^(E + 63) with E a power that puts its largest finite magnitude in [1, 2),
-// and its block maxima are multiplied back by 2^-E). The prefill tile's four warp rows would each
-// widen the same keys: it keeps the shared-memory pass.
+// and its block maxima are multiplied back by 2^-E). The 256-vector tile's four warp rows would
+// each widen the same keys: it keeps the shared-memory pass.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr bool index_score_widens_in_registers() {
   return kFormat == KvFormat::kNvfp4 && !kQueryFp8 && Traits::kWarpsM == 1;

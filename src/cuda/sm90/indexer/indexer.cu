@@ -8,10 +8,8 @@
 #include "flashmsa/error.hpp"
 #include "src/cuda/cuda_ops.hpp"
 #include "src/cuda/launch.hpp"
-#include "src/cuda/sm90/indexer/index_score_launch.hpp"
-#if FLASHMSA_WGMMA_INDEXER
 #include "src/cuda/sm90/indexer/index_prefill_launch.hpp"
-#endif
+#include "src/cuda/sm90/indexer/index_score_launch.hpp"
 #include "src/cuda/sm90/indexer/index_topk_kernel.cuh"
 #include "src/cuda/sm90/indexer/indexer_host.hpp"
 #include "src/index_workspace.hpp"
@@ -20,9 +18,6 @@ namespace flashmsa::cuda {
 
 namespace {
 
-constexpr int kPrefillPagesPerSplit = kIndexScoreMaxSplitPages;
-static_assert(IndexScorePrefillTraits::kVectors == detail::kIndexTileVectors,
-              "the workspace's tile count bound");
 constexpr int kMaxTopkBlocks = 32768;  // keys of one row in the top-k CTA's shared memory
 
 // The most pages one CTA of the decode scoring takes. Fewer, longer CTAs pay each CTA's start (its
@@ -162,13 +157,8 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
   rows.request_end = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.request_end);
   l.score.rows = l.topk.rows = rows;
   l.score.tile_offset = reinterpret_cast<const std::int32_t*>(l.workspace + l.layout.tile_offset);
-  l.score.pages_per_split = kPrefillPagesPerSplit;
-  const int tile_rows = IndexScorePrefillTraits::kVectors / l.score.num_index_heads;
-#if FLASHMSA_WGMMA_INDEXER
-  // bf16 and NVFP4 keys under bf16 queries, and E4M3 keys under E4M3 queries, are scored on the
-  // wgmma kernel (same tiles, split evenly by the planner's block counts).
-  const std::optional<CUtensorMap> wgmma_keys = index_prefill_wgmma_keys(cache, l.query_fp8);
-#endif
+  const int tile_rows = static_cast<int>(detail::kIndexTileVectors / l.score.num_index_heads);
+  const CUtensorMap keys = index_prefill_keys_map(cache, l.query_fp8);
 
   IndexPlanParams plan;
   plan.cu_seqlens = batch.cu_seqlens_q.as<const std::int32_t>();
@@ -179,14 +169,10 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
   plan.request_begin = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_begin);
   plan.request_end = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.request_end);
   plan.tile_offset = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_offset);
-#if FLASHMSA_WGMMA_INDEXER
-  if (wgmma_keys) {
-    plan.tile_pages = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_pages);
-    plan.seq_lens = rows.seq_lens;
-    plan.seq_lens_stride = rows.seq_lens_stride;
-    plan.max_blocks = l.score.max_blocks;
-  }
-#endif
+  plan.tile_pages = reinterpret_cast<std::int32_t*>(l.workspace + l.layout.tile_pages);
+  plan.seq_lens = rows.seq_lens;
+  plan.seq_lens_stride = rows.seq_lens_stride;
+  plan.max_blocks = l.score.max_blocks;
 
   const std::int64_t chunk_rows =
       l.layout.chunk_rows == num_rows ? num_rows : l.layout.chunk_rows / tile_rows * tile_rows;
@@ -195,19 +181,7 @@ void index_prefill_phases(const Config& config, const TensorView& index_q,
     plan.chunk = l.score.chunk = l.topk.chunk = chunk;
     if (num_requests > 0) {
       launch_index_plan(plan, l.stream);
-#if FLASHMSA_WGMMA_INDEXER
-      if (wgmma_keys) {
-        launch_index_prefill_wgmma(*wgmma_keys, l.score, plan.tile_pages, l.cache_dtype, l.stream);
-      } else
-#endif
-      {
-        const dim3 grid(
-            static_cast<unsigned>(ceil_div(chunk.rows(), tile_rows) + num_requests),
-            static_cast<unsigned>(
-                ceil_div(std::max<std::int64_t>(l.score.max_blocks, 1), l.score.pages_per_split)));
-        launch_index_score<IndexScorePrefillTraits>(l.score, l.cache_dtype, l.query_fp8, grid,
-                                                    l.stream);
-      }
+      launch_index_prefill(keys, l.score, plan.tile_pages, l.cache_dtype, l.stream);
     }
     if (select) launch_topk(l, hkv);
   }
@@ -269,7 +243,7 @@ std::optional<IndexTopkParams> index_decode_run(const Config& config, const Tens
       } else if (vectors <= IndexScoreDecodeTraits64::kVectors) {
         launch.template operator()<IndexScoreDecodeTraits64>();
       } else {
-        launch.template operator()<IndexScorePrefillTraits>();
+        launch.template operator()<IndexScoreDecodeTraits256>();
       }
     }
     if (selection != DecodeSelection::kNone && !defer) launch_topk(l, hkv);
