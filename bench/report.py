@@ -2,7 +2,9 @@
 docs/performance.md: joins bench/results/cuda.json and sdpa.json (when present) into summary.md
 (ceilings, the decode grid split into indexer / top-k / attention, prefill times next to dense
 attention with the sparse-over-dense speedups, the production set's weighted aggregates) and,
-where matplotlib is installed, decode_grid.png, decode_split.png and prefill.png.
+where matplotlib is installed, decode_grid.png, decode_split.png and prefill.png. It also writes
+into cuda.json the headline keys read from its cases (the prefill attention's, and the dense
+speedups that need sdpa.json of the same device).
 
     python3 bench/report.py bench/results [--cases bench/data/msa_prefill_benchmark_v1.jsonl]
 
@@ -359,6 +361,53 @@ def update_1m_headline(results, cuda, sdpa):
     print(f"prefill_1M_dense_speedup against {r['fastest']}: {r['speedup']:.1f}x")
 
 
+# The prefill attention's headline keys, read from the cases that measure them: key -> (case name
+# pattern, what of the case: its value (TFLOP/s) or its median time in ms).
+SPARSE_ATTENTION = r"sparse attention prefill, 1 x {}, {} \(.*"
+ATTENTION_HEADLINE = {
+    "prefill_attn_8K_coherent_tflops": (SPARSE_ATTENTION.format("8K", "coherent"), "value"),
+    "prefill_attn_32K_coherent_tflops": (SPARSE_ATTENTION.format("32K", "coherent"), "value"),
+    "prefill_attn_128K_coherent_tflops": (SPARSE_ATTENTION.format("128K", "coherent"), "value"),
+    "prefill_attn_32K_random_tflops": (SPARSE_ATTENTION.format("32K", "random"), "value"),
+    "prefill_attn_128K_random_tflops": (SPARSE_ATTENTION.format("128K", "random"), "value"),
+    "prefill_dense_32K_tflops": (r"dense causal attention \(ours\), 1 x 32K", "value"),
+    "prefill_e2e_32K_coherent_ms": (r"prefill 0K \+ 32K, coherent: end to end", "ms"),
+    "prefill_e2e_32K_random_ms": (r"prefill 0K \+ 32K, random: end to end", "ms"),
+    "production_weighted_ms_coherent":
+        (r"production prefill set \(\d+ cases\), coherent: weighted TFLOP/s, FLOPs computed", "ms"),
+    "production_weighted_ms_random":
+        (r"production prefill set \(\d+ cases\), random: weighted TFLOP/s, FLOPs computed", "ms"),
+}
+
+
+def attention_headline(cuda, sdpa):
+    """The prefill attention's headline keys from the cases that ran, and
+    prefill_e2e_8K_dense_speedup (the fastest SDPA backend's 8K time over ours end to end,
+    coherent) where sdpa.json is from the same device."""
+    keys = {}
+    for key, (pattern, what) in ATTENTION_HEADLINE.items():
+        c = next((c for c in cuda["cases"] if re.fullmatch(pattern, c["name"])), None)
+        if c:
+            keys[key] = c["value"] if what == "value" else c["median_us"] * 1e-3
+    e2e = next((c for c in cuda["cases"] if c["name"] == "prefill 0K + 8K, coherent: end to end"),
+               None)
+    dense = [t for (name, _), t in sdpa_times(sdpa).items() if name == "prefill 0K + 8K"]
+    if e2e and dense:
+        keys["prefill_e2e_8K_dense_speedup"] = min(dense) / (e2e["median_us"] * 1e-6)
+    return keys
+
+
+def update_attention_headline(results, cuda, sdpa):
+    keys = attention_headline(cuda, sdpa)
+    if all(cuda["headline"].get(k) == v for k, v in keys.items()):
+        return
+    cuda["headline"].update(keys)
+    with open(os.path.join(results, "cuda.json"), "w") as f:
+        json.dump(cuda, f, indent=2)
+        f.write("\n")
+    print(f"prefill attention headline keys: {len(keys)}")
+
+
 def is_ceiling(name):
     return name.startswith("ceiling: ") or name.startswith("cuBLASLt fp8 E4M3 GEMM 8192^3, sus")
 
@@ -451,6 +500,7 @@ def main():
         print(f"sdpa.json is from {sdpa_elsewhere}, cuda.json from {cuda['device']}: not joined")
         sdpa = None
     update_1m_headline(args.results, cuda, sdpa)
+    update_attention_headline(args.results, cuda, sdpa)
     path = os.path.join(args.results, "summary.md")
     with open(path, "w") as f:
         f.write(summary(cuda, sdpa, representative_weights(args.cases), sdpa_elsewhere))

@@ -5,6 +5,8 @@ import importlib.util
 import json
 import pathlib
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
@@ -55,3 +57,24 @@ def test_merge_run_adds_cases_and_headline_but_not_ceilings(tmp_path):
     assert "attention b  5.0" in text
     assert "shared case  7.0" in text and "shared case  2.0" not in text
     assert not any(line.startswith("ceiling:") and line.endswith("3.1") for line in text)
+
+
+def test_attention_headline_reads_its_cases_and_the_same_device_sdpa():
+    report = load_report()
+    cuda = {"device": "GPU", "headline": {}, "cases": [
+        case("sparse attention prefill, 1 x 32K, coherent (74.6 pages/64 rows, 26.3/8, 21.1/4)",
+             153.8),
+        case("prefill 0K + 32K, random: end to end", 28533.9),
+        case("prefill 0K + 8K, coherent: end to end", 3000.0),
+        case("production prefill set (128 cases), coherent: weighted TFLOP/s, FLOPs computed",
+             5107.9),
+    ]}
+    keys = report.attention_headline(cuda, None)
+    assert keys == pytest.approx({"prefill_attn_32K_coherent_tflops": 153.8,
+                                  "prefill_e2e_32K_random_ms": 28.5339,
+                                  "production_weighted_ms_coherent": 5.1079})
+    sdpa = {"device": "GPU", "cases": [
+        {"name": "prefill 0K + 8K", "backend": "cudnn", "median_us": 1500.0},
+        {"name": "prefill 0K + 8K", "backend": "flash", "median_us": 3300.0}]}
+    speedup = report.attention_headline(cuda, sdpa)["prefill_e2e_8K_dense_speedup"]
+    assert speedup == pytest.approx(0.5)  # the fastest backend (1.5 ms) over ours (3.0 ms)
