@@ -41,6 +41,12 @@ def load(path):
         return json.load(f)
 
 
+def save_json(path, data):
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2)
+        f.write("\n")
+
+
 def grid_rows(cuda):
     """{(dtype, dql, B, ctx): {part: case}} for the decode grid."""
     grid = {}
@@ -355,9 +361,7 @@ def update_1m_headline(results, cuda, sdpa):
         return
     cuda["headline"]["prefill_1M_dense_speedup"] = r["speedup"]
     cuda["headline"]["prefill_1M_dense_baseline"] = r["fastest"]
-    with open(os.path.join(results, "cuda.json"), "w") as f:
-        json.dump(cuda, f, indent=2)
-        f.write("\n")
+    save_json(os.path.join(results, "cuda.json"), cuda)
     print(f"prefill_1M_dense_speedup against {r['fastest']}: {r['speedup']:.1f}x")
 
 
@@ -402,9 +406,7 @@ def update_attention_headline(results, cuda, sdpa):
     if all(cuda["headline"].get(k) == v for k, v in keys.items()):
         return
     cuda["headline"].update(keys)
-    with open(os.path.join(results, "cuda.json"), "w") as f:
-        json.dump(cuda, f, indent=2)
-        f.write("\n")
+    save_json(os.path.join(results, "cuda.json"), cuda)
     print(f"prefill attention headline keys: {len(keys)}")
 
 
@@ -427,9 +429,7 @@ def merge_run(results, run_path):
                 "fp8_gemm_sustained_tflops")
     cuda.setdefault("merged_runs", []).append(
         {"file": os.path.basename(run_path), **{k: run[k] for k in ceilings if k in run}})
-    with open(cuda_path, "w") as f:
-        json.dump(cuda, f, indent=2)
-        f.write("\n")
+    save_json(cuda_path, cuda)
     txt_path = os.path.join(results, "cuda.txt")
     replaced = lambda line: any(line.startswith(name + "  ") for name in names)
     with open(txt_path) as f:
@@ -464,9 +464,7 @@ def merge_decode_grid(results, grid_path, revision):
                 "\"decode grid\" at this revision; every other case from the full scripts/bench.sh "
                 "run named in cuda.command.txt",
     }
-    with open(cuda_path, "w") as f:
-        json.dump(cuda, f, indent=2)
-        f.write("\n")
+    save_json(cuda_path, cuda)
     txt_path = os.path.join(results, "cuda.txt")
     with open(txt_path) as f:
         lines = f.read().splitlines()
