@@ -58,8 +58,7 @@ __global__ void __launch_bounds__(Traits::kThreads)
   float* vector_restore = partial_max + kGroup * Traits::kWarpsN * Traits::kVectors;
 
   const int hidx = p.num_index_heads;
-  const int rows_per_tile = Traits::kVectors / hidx;
-  const IndexTile tile = index_tile(p.rows, p.tile_offset, p.chunk, rows_per_tile);
+  const IndexTile tile = index_decode_tile(p.rows, p.chunk);
   const std::int64_t tile_blocks = index_tile_blocks(tile, p.max_blocks);
   const std::int64_t block_begin = std::int64_t{blockIdx.y} * p.pages_per_split;
   const std::int64_t block_end = min64(block_begin + p.pages_per_split, tile_blocks);

@@ -89,24 +89,18 @@ __device__ inline IndexTile index_prefill_tile_in_order(const RowMap& m,
   return index_prefill_tile(m, tile_offset, chunk, rows_per_tile, i);
 }
 
-// Decode: one request per CTA (padding requests score nothing); prefill: the planner's tiles of
-// rows_per_tile rows within the chunk.
-__device__ inline IndexTile index_tile(const RowMap& m, const std::int32_t* tile_offset,
-                                       const IndexChunk& chunk, int rows_per_tile) {
+// The decode scoring's tile: one request per CTA (padding requests score nothing).
+__device__ inline IndexTile index_decode_tile(const RowMap& m, const IndexChunk& chunk) {
   IndexTile tile;
-  if (m.decode_query_len > 0) {
-    const std::int64_t r = chunk.begin / m.decode_query_len + blockIdx.x;
-    if (r >= m.num_requests) return tile;
-    const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
-    if (len <= 0) return tile;  // padding: selects nothing
-    tile.request = static_cast<std::int32_t>(r);
-    tile.row = r * m.decode_query_len;
-    tile.rows = m.decode_query_len;
-    tile.pos = len - m.decode_query_len;
-    return tile;
-  }
-  return index_prefill_tile(m, tile_offset, chunk, rows_per_tile,
-                            static_cast<std::int32_t>(blockIdx.x));
+  const std::int64_t r = chunk.begin / m.decode_query_len + blockIdx.x;
+  if (r >= m.num_requests) return tile;
+  const std::int64_t len = m.seq_lens[r * m.seq_lens_stride];
+  if (len <= 0) return tile;  // padding: selects nothing
+  tile.request = static_cast<std::int32_t>(r);
+  tile.row = r * m.decode_query_len;
+  tile.rows = m.decode_query_len;
+  tile.pos = len - m.decode_query_len;
+  return tile;
 }
 
 // The blocks a tile sees: through its last row's own block (0 for an empty tile).
