@@ -1663,6 +1663,7 @@ int main(int argc, char** argv) {
       {"attention prefill 32K random", [] { prefill_attention(32768, false); }},
       {"attention prefill 8K coherent", [] { prefill_attention(8192, true); }},
       {"attention prefill 128K coherent", [] { prefill_attention(131072, true); }},
+      {"attention prefill 128K random", [] { prefill_attention(131072, false); }},
       {"dense attention 32K", [] { dense_prefill_attention(32768); }},
       {"decode step 64x32K", [] { decode_step(64, 32768, 1); }},
       {"decode step 128x32K", [] { decode_step(128, 32768, 1); }},
