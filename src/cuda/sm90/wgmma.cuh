@@ -10,7 +10,11 @@
 #include <cute/arch/mma_sm90_desc.hpp>
 #include <cute/arch/mma_sm90_gmma.hpp>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "src/cuda/common/device_utils.cuh"
@@ -39,6 +43,21 @@ __device__ __forceinline__ std::uint64_t sw128_descriptor(const void* smem) {
   return d.desc_;
 }
 
+// The wgmma descriptor of a B operand stored N-major ("MN-major"): rows of 128 bytes along K (a
+// 16-bit V tile [key][64 dims] with the 128-byte swizzle, as TMA writes it), 8 rows an atom
+// (1024 bytes, the stride from one 8-key group to the next), and the next 64 values of N in a
+// second such tile `n_stride` bytes on (CuTe's canonical MN-major SW128 layout
+// ((8,n),(8,k)):((1,LBO),(8,SBO)) in 16-byte units).
+__device__ __forceinline__ std::uint64_t sw128_mn_descriptor(const void* smem, int n_stride) {
+  cute::GmmaDescriptor d;
+  d.bitfield.start_address_ = static_cast<std::uint16_t>(smem_address(smem) >> 4);
+  d.bitfield.leading_byte_offset_ = static_cast<std::uint16_t>(n_stride >> 4);
+  d.bitfield.stride_byte_offset_ = 1024 >> 4;
+  d.bitfield.base_offset_ = 0;
+  d.bitfield.layout_type_ = static_cast<std::uint8_t>(cute::SM90::GMMA::LayoutType::B128);
+  return d.desc_;
+}
+
 // One m64n128 step with A and B from shared memory into acc (64 fp32 a thread: for each n8 block
 // j, acc[4j], acc[4j + 1] are row lane / 4 + 16 warp, columns 8j + 2 (lane % 4) + {0, 1}, and
 // acc[4j + 2], acc[4j + 3] the row 8 below). accumulate false overwrites acc.
@@ -56,6 +75,42 @@ __device__ __forceinline__ void wgmma_64x128x16_bf16(std::uint64_t a, std::uint6
                                                              cute::SM90::GMMA::Major::K>;
   wgmma_64x128_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
+// The 16-bit m64n128k16 instructions of an MMA type (bf16 or fp16): SS with both operands K-major
+// (Q K^T), RS with A from registers and B N-major (P V: P in the S accumulator's own layout, V as
+// stored).
+template <class Elem>
+struct Wgmma16 {
+  static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>);
+  static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
+  using K = std::integral_constant<cute::SM90::GMMA::Major, cute::SM90::GMMA::Major::K>;
+  using SS =
+      std::conditional_t<kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<K::value, K::value>,
+                         cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<K::value, K::value>>;
+  using RS = std::conditional_t<
+      kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::value, cute::SM90::GMMA::Major::MN>,
+      cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<K::value, cute::SM90::GMMA::Major::MN>>;
+};
+template <class Elem>
+__device__ __forceinline__ void wgmma_64x128x16_ss(std::uint64_t a, std::uint64_t b,
+                                                   float (&acc)[64], bool accumulate) {
+  wgmma_64x128_impl<typename Wgmma16<Elem>::SS>(a, b, acc, accumulate,
+                                                std::make_index_sequence<64>{});
+}
+// a[4]: rows lane / 4 + 16 warp and 8 below, k 2 (lane % 4) + {0, 1} and 8 above, in the order
+// (row, k), (row + 8, k), (row, k + 8), (row + 8, k + 8): the accumulator's n8 blocks 2i and
+// 2i + 1 of k-step i, two values a register.
+template <class Elem, std::size_t... I>
+__device__ __forceinline__ void wgmma_64x128x16_rs_impl(const std::uint32_t* a, std::uint64_t b,
+                                                        float (&acc)[64],
+                                                        std::index_sequence<I...>) {
+  Wgmma16<Elem>::RS::fma(a[0], a[1], a[2], a[3], b, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
+}
+template <class Elem>
+__device__ __forceinline__ void wgmma_64x128x16_rs_accumulate(const std::uint32_t* a,
+                                                              std::uint64_t b, float (&acc)[64]) {
+  wgmma_64x128x16_rs_impl<Elem>(a, b, acc, std::make_index_sequence<64>{});
+}
+
 // E4M3 x E4M3, k 32 (32 bytes of each row), A from registers: the native fp8 tensor-core path,
 // whose sum inside one instruction keeps about 14 significant bits (spec section 4's fp8
 // exception). a[4] is wgmma's A fragment of the k-step: rows lane / 4 + 16 warp and 8 below,
@@ -100,6 +155,14 @@ __device__ __forceinline__ void tma_load_3d(const void* map, std::uint64_t* barr
   cute::SM90_TMA_LOAD_3D::copy(map, barrier,
                                static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
                                smem, c0, c1, c2);
+}
+
+// The same for a 4-D tensor map (a page plane of several heads: tma.hpp).
+__device__ __forceinline__ void tma_load_4d(const void* map, std::uint64_t* barrier, void* smem,
+                                            int c0, int c1, int c2, int c3) {
+  cute::SM90_TMA_LOAD_4D::copy(map, barrier,
+                               static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL),
+                               smem, c0, c1, c2, c3);
 }
 
 }  // namespace flashmsa::cuda

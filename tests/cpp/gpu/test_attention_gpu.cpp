@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "flashmsa/error.hpp"
+#include "flashmsa/formats.hpp"
 #include "flashmsa/ops.hpp"
 #include "tests/cpp/attention_checks.hpp"
 #include "tests/cpp/error_message.hpp"
@@ -46,6 +47,27 @@ TEST_P(AttentionGpu, SparseDecodeWithPaddingMatchesOracle) {
 TEST_P(AttentionGpu, SparseDecodeOfMoreTilesThanSmsMatchesOracle) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   test::check_sparse_decode_of_many_requests(GetParam(), gpu_for(GetParam()));
+}
+
+// q handed over in fp16 (the scenario's bf16 values, which fp16 holds exactly but for values
+// below 2^-14, off by at most 2^-25): 16-bit caches convert it to their own type on load, the
+// 8- and 4-bit ones compute in fp16, so P meets V in fp16 there.
+TEST_P(AttentionGpu, SparsePrefillOfFp16QueriesMatchesOracle) {
+  FLASHMSA_REQUIRE_SM90_OR_SKIP();
+  const test::AttnCase& c = GetParam();
+  test::AttentionBackend fp16_q = c.kv_dtype == DType::kBf16 ? kGpuBf16P : kGpuFp16P;
+  fp16_q.run = [](const test::AttentionCall& call) {
+    const auto* bf16 = static_cast<const std::uint16_t*>(call.q.data);
+    std::vector<std::uint16_t> q(static_cast<std::size_t>(call.q.numel()));
+    for (std::size_t i = 0; i < q.size(); ++i) {
+      q[i] = fmt::float_to_fp16(fmt::bf16_to_float(bf16[i]));
+    }
+    test::AttentionCall converted = call;
+    converted.q.data = q.data();
+    converted.q.dtype = DType::kFp16;
+    test::run_on_gpu(converted);
+  };
+  test::check_sparse_prefill(c, fp16_q);
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheDtypesAndLayouts, AttentionGpu,

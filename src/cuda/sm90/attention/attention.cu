@@ -14,6 +14,7 @@
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_launch.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
+#include "src/cuda/sm90/attention/prefill_attention_launch.hpp"
 #include "src/cuda/sm90/indexer/index_topk_select.cuh"
 #include "src/cuda/sm90/indexer/indexer_host.hpp"
 #include "src/cuda/sm90/scheduler/row_map.hpp"
@@ -126,7 +127,7 @@ std::byte* checked_workspace(const AttentionOutputs& out, std::int64_t bytes) {
   return cuda::checked_workspace(out.workspace, bytes, "attention_workspace_bytes");
 }
 
-void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype, DType q_dtype,
+void run_prefill(AttentionParams p, const PrefillBatch& batch, const KvCacheView& kv, DType q_dtype,
                  const AttentionOutputs& out, cudaStream_t stream) {
   const std::int64_t num_requests = batch.seq_lens.shape[0];
   const auto layout = detail::attention_prefill_layout(num_requests);
@@ -156,7 +157,11 @@ void run_prefill(AttentionParams p, const PrefillBatch& batch, DType cache_dtype
     const dim3 grid(
         static_cast<unsigned>(ceil_div(p.num_rows, AttentionPrefillTraits::kRows) + num_requests),
         static_cast<unsigned>(p.num_q_heads / p.group), 1);
-    launch_attention<AttentionPrefillTraits>(p, cache_dtype, q_dtype, grid, stream);
+    // 16-bit caches on the wgmma kernel; the others (and planes TMA cannot describe) on
+    // attention_kernel.
+    if (!launch_prefill_attention(p, kv, q_dtype, grid, stream)) {
+      launch_attention<AttentionPrefillTraits>(p, kv.dtype, q_dtype, grid, stream);
+    }
   }
   launch_kernel(attention_empty_rows_kernel, dim3(static_cast<unsigned>(p.num_rows)),
                 kAttentionEmptyRowThreads, 0, stream, p);
@@ -303,13 +308,13 @@ void sparse_attention_prefill(const Config& config, const TensorView& q, const K
                               const PrefillBatch& batch, const TensorView& topk,
                               const AttentionOutputs& out, void* stream) {
   const AttentionParams p = common_params(config, q, kv, batch.block_table, &topk, out);
-  run_prefill(p, batch, kv.dtype, q.dtype, out, static_cast<cudaStream_t>(stream));
+  run_prefill(p, batch, kv, q.dtype, out, static_cast<cudaStream_t>(stream));
 }
 
 void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv,
                      const PrefillBatch& batch, const AttentionOutputs& out, void* stream) {
   const AttentionParams p = common_params(config, q, kv, batch.block_table, nullptr, out);
-  run_prefill(p, batch, kv.dtype, q.dtype, out, static_cast<cudaStream_t>(stream));
+  run_prefill(p, batch, kv, q.dtype, out, static_cast<cudaStream_t>(stream));
 }
 
 void sparse_attention_decode(const Config& config, const TensorView& q, const KvCacheView& kv,

@@ -35,6 +35,7 @@
 #include "src/cuda/sm90/attention/attention_params.hpp"
 #include "src/cuda/sm90/attention/attention_traits.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
+#include "src/cuda/sm90/attention/page_union.cuh"
 #include "src/cuda/sm90/indexer/index_topk_select.cuh"
 #include "src/cuda/sm90/page_codec.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
@@ -172,46 +173,10 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
     __syncthreads();
   } else if (!Traits::kClusterSplits && p.topk == nullptr) {
     num_entries = static_cast<int>(tile_blocks);  // dense: entry i is block i
-  } else {
-    using Scan = cub::BlockScan<int, Traits::kThreads>;
-    auto* marks = reinterpret_cast<std::uint32_t*>(stages);  // stages are free until the ring
-    auto* scan_storage = reinterpret_cast<typename Scan::TempStorage*>(marks + Traits::kWindow);
-    __shared__ int carry;
-    if (threadIdx.x == 0) carry = 0;
-    __syncthreads();
-    const int candidates = tile.rows * p.topk_width;
-    for (std::int64_t w0 = 0; w0 < tile_blocks; w0 += Traits::kWindow) {
-      const int window = static_cast<int>(min64(Traits::kWindow, tile_blocks - w0));
-      for (int i = threadIdx.x; i < window; i += Traits::kThreads) marks[i] = 0;
-      __syncthreads();
-      for (int c = threadIdx.x; c < candidates; c += Traits::kThreads) {
-        const std::int64_t b = selected_block(c / p.topk_width, c % p.topk_width);
-        if (b >= w0 && b < w0 + window) atomicOr(&marks[b - w0], 1u << (c / p.topk_width));
-      }
-      __syncthreads();
-      // Each thread compacts a run of consecutive blocks: the union comes out ascending.
-      const int per_thread = (window + Traits::kThreads - 1) / Traits::kThreads;
-      const int first = threadIdx.x * per_thread;
-      const int last = min(window, first + per_thread);
-      int count = 0;
-      for (int i = first; i < last; ++i) count += marks[i] != 0;
-      int offset, total;
-      Scan(*scan_storage).ExclusiveSum(count, offset, total);
-      offset += carry;
-      for (int i = first; i < last; ++i) {
-        const std::uint32_t m = marks[i];
-        if (m == 0) continue;
-        const std::int64_t b = w0 + i;
-        union_block[offset] = static_cast<std::int32_t>(b);
-        union_page[offset] = static_cast<std::int32_t>(page_of(b));
-        union_mask[offset] = m;
-        ++offset;
-      }
-      __syncthreads();
-      if (threadIdx.x == 0) carry += total;
-      __syncthreads();
-    }
-    num_entries = carry;
+  } else {                                        // the stages are free until the ring
+    num_entries = build_page_union<Traits::kThreads, Traits::kWindow>(
+        tile.rows, p.topk_width, tile_blocks, selected_block, page_of, stages, union_block,
+        union_page, union_mask);
   }
   phase_stamp(p.clock, 1);  // the union is built
   // Dense entries: the rows whose position reaches the block, if the table has its page.

@@ -15,7 +15,7 @@ CUtensorMap index_prefill_keys_map(const IndexCacheView& cache, bool query_fp8) 
   if (cache.dtype == DType::kNvfp4 || cache.num_pages < 1) return CUtensorMap{};
   const bool fp8 = cache.dtype == DType::kFp8E4m3;
   const std::optional<CUtensorMap> map =
-      page_plane_tensor_map(cache.k, cache.num_pages, 128, fp8 ? 1 : 2, fp8 ? 128 : 64);
+      page_plane_tensor_map(cache.k, cache.num_pages, 0, 128, fp8 ? 1 : 2, fp8 ? 128 : 64);
   // The plane's rows and strides are 16-byte aligned (common_setup): only a driver without the
   // tensor-map entry point, or strides past TMA's 2^40 bytes, end here.
   FLASHMSA_CHECK_SUPPORTED(map.has_value(),
