@@ -3,11 +3,13 @@
 // Sparse and dense attention run as up to two launches:
 //   1. (prefill only) index_plan_kernel (the scheduler's, shared with the indexer): each request's
 //      clamped row range and its tiles of attention_kernel's row count;
-//   2. attention_kernel: one CTA per (tile of query rows of one request, kv head, split). It
-//      gathers the union of the pages its rows selected (each with a bitmask of the rows that
-//      selected it), streams those pages through shared memory and lets each warp attend with
-//      its own row's 16 query heads to the pages that row selected. Decode with splits > 1 runs
-//      a tile's splits as one cluster that merges them (log-sum-exp weights) in its epilogue.
+//   2. attention_kernel (decode, and prefill of 8- and 4-bit caches): one CTA per (tile of query
+//      rows of one request, kv head, split). It gathers the union of the pages its rows selected
+//      (each with a bitmask of the rows that selected it), streams those pages through shared
+//      memory and lets each warp attend with its own row's 16 query heads to the pages that row
+//      selected. Decode with splits > 1 runs a tile's splits as one cluster that merges them
+//      (log-sum-exp weights) in its epilogue. Prefill of 16-bit caches runs
+//      prefill_attention_kernel instead (the same tiles and union, on wgmma: its header).
 // Prefill rows that no request covers get their empty output from attention_empty_rows_kernel.
 #pragma once
 

@@ -15,9 +15,9 @@
 //     16 heads, so whatever depends on the token is warp-uniform). Per page: S = Q K^T (8 wgmma
 //     m64n128k16, both operands in shared memory), the causal mask and the online softmax in log2
 //     units on the accumulators, P rounded to the MMA type in registers, O += P V (8 wgmma with P
-//     from registers and V read N-major as stored), then the stage goes back to the producer
-//     ("empty"). A consumer none of whose tokens selected the page skips it; a token that did not
-//     select it gets P = 0.
+//     from registers and V read N-major as stored); each plane's stage goes back to the producer
+//     once read ("empty": K after S, V after P V). A consumer none of whose tokens selected the
+//     page skips it; a token that did not select it gets P = 0.
 // P = 0 does not make a value vanish when the value is NaN or infinite (0 x Inf is NaN), and the
 // MMA multiplies every row of the warpgroup by every key: so the scanning warps zero each V row
 // that holds a NaN or an infinity and mark its key, and a token whose visible keys of a selected
@@ -88,7 +88,7 @@ struct PrefillAttentionTraits {
 namespace prefill_attention {
 
 // Whether any of the 16-bit values in `word`'s two halves is NaN or infinite, accumulated: OR the
-// results over the words, then test kNonFinite. A half is non-finite when its exponent bits are
+// results over the words, then test kFlags. A half is non-finite when its exponent bits are
 // all ones: |h| >= kInf, and |h| + (0x8000 - kInf) then carries into bit 15 (|h| <= 0x7fff: no
 // carry into the other half).
 template <class Elem>
