@@ -16,6 +16,8 @@ set(_attention_traits AttentionPrefillTraits AttentionDecode1Traits AttentionDec
                       AttentionDecode1TwoPerSmSelectTraits)
 # Traits for 16-bit caches only (the other caches' 1-row tiles are sized so anyway).
 set(_attention_traits_16_bit AttentionDecode1TwoPerSmTraits AttentionDecode1TwoPerSmSelectTraits)
+# Traits for 8- and 4-bit caches only (the prefill of 16-bit caches runs prefill_attention_kernel).
+set(_attention_traits_quantized AttentionPrefillTraits)
 set(_index_traits IndexScoreDecodeTraits16 IndexScoreDecodeTraits64 IndexScoreDecodeTraits256)
 set(_types __nv_bfloat16 __half)
 
@@ -24,7 +26,9 @@ set(_entries "")
 foreach(traits IN LISTS _attention_traits)
   foreach(elem IN LISTS _types)  # 16-bit caches compute in their own type, q either type
     foreach(q IN LISTS _types)
-      list(APPEND _entries "attention ${traits} kNative16 ${elem} ${q}")
+      if(NOT traits IN_LIST _attention_traits_quantized)
+        list(APPEND _entries "attention ${traits} kNative16 ${elem} ${q}")
+      endif()
     endforeach()
   endforeach()
   if(traits IN_LIST _attention_traits_16_bit)

@@ -20,8 +20,8 @@
 #   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline)
 #   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
 # KERNELS="regex" at the first build restricts the sm_90 kernel instantiations built
-# (FLASHMSA_SM90_KERNELS: cmake/sm90_kernels.cmake), e.g. for the prefill indexer
-# KERNELS='index_score|attention AttentionPrefillTraits kNative16 __nv_bfloat16 __nv_bfloat16';
+# (FLASHMSA_SM90_KERNELS: cmake/sm90_kernels.cmake), e.g. KERNELS='index_score' for the prefill
+# indexer and the prefill attention of 16-bit caches (their kernels are always built);
 # CMAKE_ARGS adds configure options. The builds also run on the development machine (nvcc
 # compiles sm_90a there): with CMAKE_ARGS=-DFLASHMSA_USE_CBLAS=OFF (the GPU machine has no
 # OpenBLAS) the binaries need only the CUDA 13 runtime, and carrying build-gpu/ab (a few MB a

@@ -157,9 +157,10 @@ void run_prefill(AttentionParams p, const PrefillBatch& batch, const KvCacheView
     const dim3 grid(
         static_cast<unsigned>(ceil_div(p.num_rows, AttentionPrefillTraits::kRows) + num_requests),
         static_cast<unsigned>(p.num_q_heads / p.group), 1);
-    // 16-bit caches on the wgmma kernel; the others (and planes TMA cannot describe) on
-    // attention_kernel.
-    if (!launch_prefill_attention(p, kv, q_dtype, grid, stream)) {
+    // 16-bit caches on the wgmma kernel, the 8- and 4-bit ones on attention_kernel.
+    if (kv.dtype == DType::kBf16 || kv.dtype == DType::kFp16) {
+      launch_prefill_attention(p, kv, q_dtype, grid, stream);
+    } else {
       launch_attention<AttentionPrefillTraits>(p, kv.dtype, q_dtype, grid, stream);
     }
   }

@@ -1,5 +1,6 @@
 // Host side of the wgmma prefill attention: its applicability, the K and V tensor maps, and its
 // instantiations (bf16 and fp16 caches, each under bf16 or fp16 q).
+#include "flashmsa/error.hpp"
 #include "src/cuda/sm90/attention/attention_traits.hpp"
 #include "src/cuda/sm90/attention/prefill_attention_kernel.cuh"
 #include "src/cuda/sm90/attention/prefill_attention_launch.hpp"
@@ -12,17 +13,23 @@ static_assert(PrefillAttentionTraits::kTokens == AttentionPrefillTraits::kRows &
               "both prefill kernels take the planner's tiles (attention.cu plans them) and the "
               "same top-k widths");
 
-bool launch_prefill_attention(const AttentionParams& p, const KvCacheView& kv, DType q_dtype,
+void launch_prefill_attention(const AttentionParams& p, const KvCacheView& kv, DType q_dtype,
                               dim3 grid, cudaStream_t stream) {
   const bool bf16 = kv.dtype == DType::kBf16;
-  if ((!bf16 && kv.dtype != DType::kFp16) || kv.shape.head_dim != 128 ||
-      kv.shape.page_size != 128) {
-    return false;
-  }
+  FLASHMSA_CHECK_KIND(ErrorKind::kInternal, bf16 || kv.dtype == DType::kFp16,
+                      "the wgmma prefill attention takes bf16 or fp16 caches, got ",
+                      to_string(kv.dtype));
   const int heads = static_cast<int>(kv.shape.num_kv_heads);
   const auto k_map = page_plane_tensor_map(kv.k, kv.shape.num_pages, heads, 128, 2, 64);
   const auto v_map = page_plane_tensor_map(kv.v, kv.shape.num_pages, heads, 128, 2, 64);
-  if (!k_map || !v_map) return false;
+  // The planes' rows and strides are 16-byte aligned (common_params): only a driver without the
+  // tensor-map entry point, or strides past TMA's 2^40 bytes, end here.
+  FLASHMSA_CHECK_SUPPORTED(k_map.has_value() && v_map.has_value(),
+                           "the CUDA driver cannot describe this KV cache to the TMA unit (page "
+                           "stride ",
+                           kv.k.page_stride, " bytes, head stride ", kv.k.head_stride,
+                           " bytes, token stride ", kv.k.token_stride, " bytes, ",
+                           kv.shape.num_pages, " pages)");
   const PrefillAttentionParams params{*k_map, *v_map, p};
   // 16-bit caches compute in their own type, q converted (as attention_kernel does).
   auto launch = [&]<class Elem>() {
@@ -37,7 +44,6 @@ bool launch_prefill_attention(const AttentionParams& p, const KvCacheView& kv, D
   } else {
     launch.template operator()<__half>();
   }
-  return true;
 }
 
 }  // namespace flashmsa::cuda

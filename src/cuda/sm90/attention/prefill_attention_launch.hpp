@@ -10,11 +10,10 @@
 
 namespace flashmsa::cuda {
 
-// Launches prefill_attention_kernel for the planned tiles of p (grid: tiles x kv heads) and returns
-// true where it applies: a bf16 or fp16 cache (q bf16 or fp16, converted to the cache's type),
-// planes the TMA unit can describe. Returns false, launching nothing, otherwise (attention_kernel
-// takes the call).
-bool launch_prefill_attention(const AttentionParams& p, const KvCacheView& kv, DType q_dtype,
+// Launches prefill_attention_kernel for the planned tiles of p (grid: tiles x kv heads): every
+// prefill of a bf16 or fp16 cache (q bf16 or fp16, converted to the cache's type). A cache whose
+// planes the TMA unit cannot describe is an unsupported error naming its strides.
+void launch_prefill_attention(const AttentionParams& p, const KvCacheView& kv, DType q_dtype,
                               dim3 grid, cudaStream_t stream);
 
 }  // namespace flashmsa::cuda
