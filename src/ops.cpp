@@ -399,6 +399,13 @@ std::int64_t attention_workspace_bytes(const Config&, std::int64_t, std::int64_t
   return detail::attention_prefill_layout(num_requests).bytes;
 }
 
+bool selects_every_block(const Config& config, std::int64_t max_seq_len) {
+  config.check();
+  FLASHMSA_CHECK_ARG(max_seq_len >= 0, "max_seq_len must be >= 0, got ", max_seq_len);
+  const std::int64_t block = config.sparse_block_size;
+  return (max_seq_len + block - 1) / block <= config.sparse_topk_blocks;
+}
+
 std::int64_t decode_workspace_bytes(const Config& config, std::int64_t max_requests,
                                     std::int64_t max_decode_query_len, std::int64_t max_blocks) {
   const std::int64_t rows = max_requests * max_decode_query_len;

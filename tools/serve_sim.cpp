@@ -596,7 +596,7 @@ void print_report(const Report& r, const RunOptions& o, std::FILE* f) {
   // Each figure with what it means and what to expect for this workload.
   // Full coverage: the top-k holds every block the longest row sees (the last decode token's).
   const std::int64_t longest = o.context + std::int64_t{o.decode_steps} * (1 + o.spec_tokens);
-  const bool full = r.config.sparse_topk_blocks >= (longest + kBlock - 1) / kBlock;
+  const bool full = selects_every_block(r.config, longest);
   if (r.needle_hit_rate >= 0) {
     std::fprintf(f, "  needle hit rate            %.3f  (%lld (row, kv head) queries)\n",
                  r.needle_hit_rate, static_cast<long long>(r.needle_queries));

@@ -165,6 +165,15 @@ void sparse_decode_step(const Config& config, const TensorView& index_q,
                         const IndexOutputs& index_outputs, const AttentionOutputs& outputs,
                         const OpOptions& options = {});
 
+// Whether every row of a batch whose requests hold at most `max_seq_len` tokens each (prefix
+// included) selects all of its visible blocks: ceil(max_seq_len / sparse_block_size) <=
+// sparse_topk_blocks, spec section 5's full coverage. Then dense_attention writes exactly the rows
+// the indexer and the sparse attention would, without the indexer's scoring and selection, which
+// a caller can skip (the index-K still goes into the side cache for later steps); `flashmsa run`
+// says so in its fidelity report. Longer contexts: the sparse path, faster than this library's
+// dense attention at every measured shape (docs/performance.md).
+bool selects_every_block(const Config& config, std::int64_t max_seq_len);
+
 // Causal GQA attention over every visible key of the same paged cache: the cross-check that
 // sparse attention with full coverage must equal, and the dense baseline.
 void dense_attention(const Config& config, const TensorView& q, const KvCacheView& kv_cache,

@@ -17,6 +17,8 @@ Shapes (T query rows, Hq = 64 q heads, Hkv = 4 kv heads, Hidx = 4 index heads, D
   sparse_attention_prefill(config, q [T, Hq, D], kv_cache, cu_seqlens_q, seq_lens, block_table,
                            topk, out [T, Hq, D], lse=[T, Hq] fp32)
   dense_attention(config, q, kv_cache, cu_seqlens_q, seq_lens, block_table, out, lse=None)
+  selects_every_block(config, max_seq_len): whether every row of such a batch selects all its
+                visible blocks, so that dense_attention gives the sparse rows without the indexer
   insert_kv(kv_cache, k [T, Hkv, D], v [T, Hkv, D], slot_mapping [T] int64)
   insert_index_k(index_cache, index_k [T, Di], slot_mapping [T] int64)
   index_decode / sparse_attention_decode: the same for uniform decode rows (seq_lens [B],
@@ -61,6 +63,7 @@ from ._flashmsa import (  # noqa: F401
     projection_source,
     projection_workspace_bytes,
     PROJECTION_LAYOUT_VERSION,
+    selects_every_block,
     sparse_attention_decode,
     sparse_attention_prefill,
     sparse_decode_step,
@@ -114,7 +117,7 @@ __all__ = [
     "index_prefill", "index_workspace_bytes", "insert_index_k", "insert_kv", "kv_cache",
     "PROJECTION_LAYOUT_VERSION", "pack_qkv_index_projection", "produce_qkv_index",
     "project_qkv_index", "project_qkv_index_cpu", "projection_source",
-    "projection_workspace_bytes", "sparse_attention_decode",
+    "projection_workspace_bytes", "selects_every_block", "sparse_attention_decode",
     "sparse_attention_prefill", "sparse_decode_step", "from_bf16", "to_bf16", "version",
 ]
 

@@ -366,6 +366,11 @@ def attention_workspace_bytes(config: Config, num_rows: int, num_requests: int) 
     Bytes of the device workspace the CUDA attention needs for any prefill, dense or decode batch of at most num_requests requests and num_rows rows (the CPU backend needs none). The index ops' workspace can be the same buffer.
     """
 
+def selects_every_block(config: Config, max_seq_len: int) -> bool:
+    """
+    Whether every row of a batch whose requests hold at most max_seq_len tokens each selects all of its visible blocks (full coverage): then dense_attention writes exactly the rows the indexer and the sparse attention would, and the indexer can be skipped.
+    """
+
 def decode_workspace_bytes(config: Config, max_requests: int, max_decode_query_len: int, max_blocks: int) -> int:
     """
     Bytes of one device workspace serving a whole decode step (index_decode then sparse_attention_decode) for every batch up to these capacities.

@@ -804,6 +804,11 @@ NB_MODULE(_flashmsa, m) {
         "batch of at most num_requests requests and num_rows rows (the CPU backend needs none). "
         "The index ops' workspace can be the same buffer.");
 
+  m.def("selects_every_block", &selects_every_block, nb::arg("config"), nb::arg("max_seq_len"),
+        "Whether every row of a batch whose requests hold at most max_seq_len tokens each selects "
+        "all of its visible blocks (full coverage): then dense_attention writes exactly the rows "
+        "the indexer and the sparse attention would, and the indexer can be skipped.");
+
   m.def("decode_workspace_bytes", &decode_workspace_bytes, nb::arg("config"),
         nb::arg("max_requests"), nb::arg("max_decode_query_len"), nb::arg("max_blocks"),
         "Bytes of one device workspace serving a whole decode step (index_decode then "

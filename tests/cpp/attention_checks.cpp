@@ -345,6 +345,7 @@ void check_full_coverage_equals_dense(const AttentionBackend& b) {
   Config c;
   c.sparse_topk_blocks = 40;
   const Scenario s = make_prefill(c, {{0, 200}, {4000, 7}, {300, 2}, {1100, 30}}, 8);
+  EXPECT_TRUE(selects_every_block(c, 4007));  // the longest request: 32 blocks of 40
   const auto topk = indexer_topk(s);
   const AttnRun sparse = run_attention(s, Kind::kSparse, &topk, 40, DType::kBf16, b.run);
   const AttnRun dense = run_attention(s, Kind::kDense, nullptr, 0, DType::kBf16, b.run);

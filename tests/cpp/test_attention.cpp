@@ -43,6 +43,21 @@ TEST(Attention, FullCoverageEqualsDense) {
   test::check_full_coverage_equals_dense(kCpu);
 }
 
+// Full coverage: every row of requests of up to sparse_topk_blocks x sparse_block_size tokens
+// selects all its blocks (FullCoverageEqualsDense checks what that buys).
+TEST(Attention, SelectsEveryBlockUpToTopkBlocks) {
+  Config c;  // top-16 of 128-token blocks
+  EXPECT_TRUE(selects_every_block(c, 0));
+  EXPECT_TRUE(selects_every_block(c, 1));
+  EXPECT_TRUE(selects_every_block(c, 2048));
+  EXPECT_FALSE(selects_every_block(c, 2049));
+  c.sparse_topk_blocks = 40;
+  EXPECT_TRUE(selects_every_block(c, 40 * 128));
+  EXPECT_FALSE(selects_every_block(c, 40 * 128 + 1));
+  EXPECT_EQ(test::error_message([&] { selects_every_block(c, -1); }),
+            "max_seq_len must be >= 0, got -1");
+}
+
 TEST(Attention, Deterministic) {
   test::check_deterministic(kCpu);
 }

@@ -141,6 +141,8 @@ def test_prefill_indexer_and_sparse_attention_match_numpy_oracle():
 
 def test_full_coverage_sparse_equals_dense():
     config, cm, data, cu, lens, table, q, iq = make_batch([700], [6], seed=2)
+    assert flashmsa.selects_every_block(config, 700)  # 6 blocks of the top-16
+    assert not flashmsa.selects_every_block(config, 16 * 128 + 1)
     topk = flashmsa.index_prefill(config, iq, cm.index_cache, cu, lens, table)
     sparse = np.zeros((6, HQ, D), dtype=np.uint16)
     dense = np.zeros_like(sparse)
