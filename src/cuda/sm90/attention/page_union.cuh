@@ -19,8 +19,9 @@ constexpr int page_union_scratch_bytes() {
          static_cast<int>(sizeof(typename cub::BlockScan<int, kThreads>::TempStorage));
 }
 
-// Builds the union of every thread block's rows' selections into union_block / union_page /
-// union_mask and returns its length (the same in every thread; a CTA barrier ends it).
+// Builds the union of the selections of the tile's `rows` rows (at most 32: a bit each in the
+// mask) into union_block / union_page / union_mask and returns its length, the same in every
+// thread of the CTA, all of which call it (a CTA barrier ends it).
 // selected_block(row, j) is row's j-th entry where it counts (visible, with a page), else -1;
 // page_of(block) the block's page. Blocks are marked a window of kWindow at a time (tile_blocks
 // may be far more than the union holds), then each thread compacts a run of consecutive blocks,
