@@ -1,5 +1,6 @@
 // attention_kernel: sparse (or dense) GQA attention of a tile of query rows of one request and
-// one kv head, over the union of the pages the tile's rows selected (see attention_params.hpp).
+// one kv head, over the union of the pages the tile's rows selected (see attention_params.hpp):
+// decode, and the prefill of 8- and 4-bit caches (16-bit ones: prefill_attention_kernel.cuh).
 //
 // Work split: warp (row, key part) owns one query row's G <= 16 query heads (the 16 rows of an
 // m16n8k16 MMA) and 128 / kKeySplit keys of every page. A page is loaded once per CTA (the

@@ -38,7 +38,8 @@ struct AttentionTraits {
   static_assert(kChunkKeys % 16 == 0);
 };
 
-// Prefill and dense: 8 rows share each page (coherent selections: 8x fewer loads per MMA).
+// Prefill and dense of 8- and 4-bit caches: 8 rows share each page (coherent selections: 8x
+// fewer loads per MMA).
 using AttentionPrefillTraits = AttentionTraits<8, 1, 2, false>;
 // Decode, dql = 1: one row, 8 warps split each page's keys (latency hiding: one CTA per SM
 // holds the ring of 3 bf16 pages).
