@@ -32,6 +32,7 @@
 
 #include <cuda.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdint>
 #include <type_traits>
@@ -320,24 +321,31 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
       const bool selected = ((mask >> token) & 1u) != 0;  // warp-uniform
       std::uint32_t pf[8][4];
       if (selected) {
-        const bool all_visible = first_key + 127 <= my_pos;
+        // The causal mask touches only the token's own block (a selected block is visible:
+        // first_key <= my_pos), so the test is warp-uniform and per key an int32 compare with
+        // a constant: key 8 j + 2 (lane % 4) + x is hidden past last_key.
+        const int last_key = static_cast<int>(std::min<std::int64_t>(my_pos - first_key, 127));
+        if (last_key < 127) {
+          const int limit = last_key - 2 * (lane % 4);
+#pragma unroll
+          for (int j = 0; j < 16; ++j) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) {
+              if (8 * j + i % 2 > limit) acc[4 * j + i] = -INFINITY;
+            }
+          }
+        }
+        // Max over the raw scores, the scale folded into the exponent's FFMA (scale > 0).
         float alpha[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           float mx = -INFINITY;
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-#pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              float& v = acc[4 * j + 2 * h + x];
-              const int key = 8 * j + 2 * (lane % 4) + x;
-              v = (all_visible || first_key + key <= my_pos) ? v * scale : -INFINITY;
-              mx = fmaxf(mx, v);
-            }
-          }
+          for (int j = 0; j < 16; ++j)
+            mx = fmaxf(mx, fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float new_max = fmaxf(row_max[h], mx);
+          const float new_max = fmaxf(row_max[h], mx * scale);
           const float ref = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: no NaN
           alpha[h] = fast_exp2(row_max[h] - ref);
           row_max[h] = new_max;
@@ -347,10 +355,13 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
               float& v = acc[4 * j + 2 * h + x];
-              v = fast_exp2(v - ref);
+              v = fast_exp2(fmaf(v, scale, -ref));
               sum += v;
             }
           }
+          // A score whose scaled value overflows gives +inf as the max, and exp2(s scale - inf)
+          // would be 0 for it: the row is NaN, as inf - inf made it before the fold.
+          if (ref == INFINITY) sum = __int_as_float(0x7fc00000);
           row_sum[h] = row_sum[h] * alpha[h] + sum;
         }
         // O is rescaled only when a row's max moved (x 1.0 is exact: skipping changes no bit).
