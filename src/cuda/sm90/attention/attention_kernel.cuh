@@ -99,14 +99,10 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   const AttentionTile tile = attention_tile<Traits::kRows>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
   const int kv_head = blockIdx.y, split = blockIdx.z;
-  const std::int32_t* table = p.block_table + tile.request * p.table_stride;
-  auto page_of = [&](std::int64_t b) -> std::int64_t {
-    if (b < 0 || b >= p.max_blocks) return -1;
-    const std::int64_t page = table[b];
-    return page >= 0 && page < p.num_pages ? page : -1;
-  };
+  const TileTable table = tile_table(p, tile);
+  auto page_of = [&](std::int64_t b) { return table.page_of(b); };
+  const std::int64_t tile_blocks = table.blocks;
   const std::int64_t last_pos = tile.position(tile.rows - 1);
-  const std::int64_t tile_blocks = last_pos < 0 ? 0 : last_pos / 128 + 1;
 
   // ---- Queries: each warp row's G heads as the 16 rows of an MMA tile (rows >= G are zero).
   // Copied asynchronously first (one cp.async group), so their latency hides behind the union

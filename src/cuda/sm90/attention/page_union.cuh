@@ -8,8 +8,29 @@
 #include <cstdint>
 
 #include "src/cuda/common/device_utils.cuh"
+#include "src/cuda/sm90/attention/attention_params.hpp"
+#include "src/cuda/sm90/scheduler/tiles.cuh"
 
 namespace flashmsa::cuda {
+
+// The block table of a tile's request: page_of(b) is block b's page, or -1 where b or its page
+// is out of range (never dereferenced); `blocks` counts the blocks the tile's last row sees.
+struct TileTable {
+  const std::int32_t* row;
+  std::int32_t max_blocks;
+  std::int64_t num_pages;
+  std::int64_t blocks;
+  __device__ std::int64_t page_of(std::int64_t b) const {
+    if (b < 0 || b >= max_blocks) return -1;
+    const std::int64_t page = row[b];
+    return page >= 0 && page < num_pages ? page : -1;
+  }
+};
+__device__ inline TileTable tile_table(const AttentionParams& p, const AttentionTile& tile) {
+  const std::int64_t last_pos = tile.position(tile.rows - 1);
+  return {p.block_table + tile.request * p.table_stride, p.max_blocks, p.num_pages,
+          last_pos < 0 ? 0 : last_pos / 128 + 1};
+}
 
 // Shared memory the builder borrows (free until the caller's page ring starts): the marks of one
 // window of kWindow blocks and the scan's storage.

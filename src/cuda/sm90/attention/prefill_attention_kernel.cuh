@@ -131,14 +131,9 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   const AttentionTile tile = attention_tile<T::kTokens>(p.rows, p.tile_offset);
   if (tile.request < 0) return;
   const int kv_head = blockIdx.y;
-  const std::int32_t* table = p.block_table + tile.request * p.table_stride;
-  auto page_of = [&](std::int64_t b) -> std::int64_t {
-    if (b < 0 || b >= p.max_blocks) return -1;
-    const std::int64_t page = table[b];
-    return page >= 0 && page < p.num_pages ? page : -1;
-  };
-  const std::int64_t last_pos = tile.position(tile.rows - 1);
-  const std::int64_t tile_blocks = last_pos < 0 ? 0 : last_pos / 128 + 1;
+  const TileTable table = tile_table(p, tile);
+  auto page_of = [&](std::int64_t b) { return table.page_of(b); };
+  const std::int64_t tile_blocks = table.blocks;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < T::kKStages; ++s) {
