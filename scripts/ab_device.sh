@@ -19,13 +19,17 @@
 #                                                       prefill 8K,indexer prefill fp8 32K")
 #   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline)
 #   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
+#   scripts/ab_device.sh bundle NAME...                (development machine: the variants' built
+#                                                       binaries as build-gpu/abx/bins.tar.xz)
+#   scripts/ab_device.sh unbundle                      (GPU machine: back into build-gpu/ab)
 # KERNELS="regex" at the first build restricts the sm_90 kernel instantiations built
 # (FLASHMSA_SM90_KERNELS: cmake/sm90_kernels.cmake), e.g. KERNELS='index_score' for the prefill
 # indexer and the prefill attention of 16-bit caches (their kernels are always built);
 # CMAKE_ARGS adds configure options. The builds also run on the development machine (nvcc
 # compiles sm_90a there): with CMAKE_ARGS=-DFLASHMSA_USE_CBLAS=OFF (the GPU machine has no
-# OpenBLAS) the binaries need only the CUDA 13 runtime, and carrying build-gpu/ab (a few MB a
-# variant) saves the device the build.
+# OpenBLAS) the binaries need only the CUDA 13 runtime, and carrying them saves the device the
+# build. A variant's two binaries take ~23 MB (the device tool carries 64 MiB at most) but
+# compress ~15x: `bundle` them, carry build-gpu/abx and `unbundle` first on the device.
 # Every test shard and benchmark run is limited to STEP_TIMEOUT seconds (default 240; raise it
 # for compute-sanitizer): a kernel that hangs reports "timed out" instead of taking the device
 # call with it. Keep a call's steps under the call's own limit.
@@ -178,8 +182,18 @@ EOF
 pack)
   tar czf "$OUT/${1:?a file name}.tgz" -C build-gpu/ab logs
   ;;
+bundle)
+  files=()
+  for v in "${@:?variant names}"; do files+=("bench_$v" "tests_$v"); done
+  mkdir -p build-gpu/abx
+  tar cf - -C build-gpu/ab "${files[@]}" | xz -T0 -6 >build-gpu/abx/bins.tar.xz || exit 1
+  ls -l build-gpu/abx/bins.tar.xz
+  ;;
+unbundle)
+  tar xJf build-gpu/abx/bins.tar.xz -C build-gpu/ab
+  ;;
 *)
-  echo "ab_device.sh: unknown mode $mode (build, test, sanitize, bench, summary, pack)"
+  echo "ab_device.sh: unknown mode $mode (build, test, sanitize, bench, bench-cases, summary, pack, bundle, unbundle)"
   exit 2
   ;;
 esac
