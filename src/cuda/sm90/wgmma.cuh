@@ -89,6 +89,10 @@ struct Wgmma16 {
   using RS = std::conditional_t<
       kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::value, cute::SM90::GMMA::Major::MN>,
       cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<K::value, cute::SM90::GMMA::Major::MN>>;
+  // RS with B K-major (Q K^T with Q from registers).
+  using RSK =
+      std::conditional_t<kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::value, K::value>,
+                         cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<K::value, K::value>>;
 };
 template <class Elem>
 __device__ __forceinline__ void wgmma_64x128x16_ss(std::uint64_t a, std::uint64_t b,
@@ -109,6 +113,20 @@ template <class Elem>
 __device__ __forceinline__ void wgmma_64x128x16_rs_accumulate(const std::uint32_t* a,
                                                               std::uint64_t b, float (&acc)[64]) {
   wgmma_64x128x16_rs_impl<Elem>(a, b, acc, std::make_index_sequence<64>{});
+}
+// The same with B K-major; accumulate false overwrites acc.
+template <class Elem, std::size_t... I>
+__device__ __forceinline__ void wgmma_64x128x16_rs_k_impl(const std::uint32_t* a, std::uint64_t b,
+                                                          float (&acc)[64], bool accumulate,
+                                                          std::index_sequence<I...>) {
+  Wgmma16<Elem>::RSK::fma(
+      a[0], a[1], a[2], a[3], b, acc[I]...,
+      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
+}
+template <class Elem>
+__device__ __forceinline__ void wgmma_64x128x16_rs_kmajor(const std::uint32_t* a, std::uint64_t b,
+                                                          float (&acc)[64], bool accumulate) {
+  wgmma_64x128x16_rs_k_impl<Elem>(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
 
 // E4M3 x E4M3, k 32 (32 bytes of each row), A from registers: the native fp8 tensor-core path,

@@ -6,18 +6,19 @@
 // union of the pages the 8 tokens selected (page_union.cuh; dense: every visible block) streams
 // through shared memory, each page loaded once for the tile: its K rows through a ring of
 // kKStages stages, its V rows through one of kVStages (K is read first and released first, so it
-// runs further ahead). Warp-specialized:
+// runs further ahead). The queries stay in the consumers' registers (wgmma A fragments), so the
+// shared memory goes to the rings. Warp-specialized:
 //   - warpgroup 0: warp 0's lane 0 brings each page's K and V rows of the kv head by TMA (tma.hpp's
 //     4-D map of the plane, 128-byte swizzle) into their stages ("full" mbarriers: transaction
 //     bytes); warps 1-3 then look through the page's V rows for non-finite values (below) and
 //     release the V stage to P V ("ready").
 //   - warpgroups 1 and 2: the consumers, 4 tokens each (one m64 tile; warp w holds token 4c + w's
 //     16 heads, so whatever depends on the token is warp-uniform). Per page: S = Q K^T (8 wgmma
-//     m64n128k16, both operands in shared memory), the causal mask and the online softmax in log2
-//     units on the accumulators, P rounded to the MMA type in registers, O += P V (8 wgmma with P
-//     from registers and V read N-major as stored); each plane's stage goes back to the producer
-//     once read ("empty": K after S, V after P V). A consumer none of whose tokens selected the
-//     page skips it; a token that did not select it gets P = 0.
+//     m64n128k16, Q from registers, K read K-major from shared memory), the causal mask and the
+//     online softmax in log2 units on the accumulators, P rounded to the MMA type in registers,
+//     O += P V (8 wgmma with P from registers and V read N-major as stored); each plane's stage
+//     goes back to the producer once read ("empty": K after S, V after P V). A consumer none of
+//     whose tokens selected the page skips it; a token that did not select it gets P = 0.
 // P = 0 does not make a value vanish when the value is NaN or infinite (0 x Inf is NaN), and the
 // MMA multiplies every row of the warpgroup by every key: so the scanning warps zero each V row
 // that holds a NaN or an infinity and mark its key, and a token whose visible keys of a selected
@@ -59,11 +60,11 @@ struct PrefillAttentionTraits {
   static constexpr int kThreads = 128 * (1 + kConsumers);
   static constexpr int kScanThreads = 96;        // warps 1-3: the V rows' check
   static constexpr int kPlaneBytes = 128 * 256;  // a page's K (or V) rows of one head, 16-bit
-  // K and V rings of their own: a page's K is needed first (Q K^T) and released first, so K
-  // streams a page further ahead than V with the shared memory that leaves.
-  static constexpr int kKStages = 3, kVStages = 2;
+  // K and V rings of their own (K is read first and released first). Q lives in the consumers'
+  // registers, so the shared memory holds 3 stages of each: a V plane lands and is checked
+  // (below) while the consumers work through two pages.
+  static constexpr int kKStages = 3, kVStages = 3;
   static constexpr int kRingBytes = (kKStages + kVStages) * kPlaneBytes;
-  static constexpr int kQueryBytes = kTokens * 16 * 256;
   static constexpr int kMaxTopk = 64;
   static constexpr int kMaxUnion = kTokens * kMaxTopk;
   static constexpr int kWindow = 2048;            // blocks marked a pass of the union build
@@ -73,7 +74,7 @@ struct PrefillAttentionTraits {
   // stage.
   static constexpr int kBarrierBytes = kKStages * 2 * 8 + kVStages * (3 * 8 + 16);
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
-  static constexpr int kSmemBytes = 1024 + kQueryBytes + kRingBytes + kUnionBytes + kBarrierBytes;
+  static constexpr int kSmemBytes = 1024 + kRingBytes + kUnionBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024);
   static_assert(page_union_scratch_bytes<kThreads, kWindow>() <= kRingBytes);
   static_assert(kTokens * 16 * kStagingStride * 4 <= kRingBytes);
@@ -111,8 +112,8 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   using T = PrefillAttentionTraits;
   const AttentionParams& p = params.p;
   extern __shared__ std::byte smem_raw[];
-  std::byte* q_tile = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;
-  std::byte* stages = q_tile + T::kQueryBytes;  // the K ring, then the V ring
+  // The K ring, then the V ring.
+  std::byte* stages = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;
   std::byte* v_stages = stages + T::kKStages * T::kPlaneBytes;
   auto* union_block = reinterpret_cast<std::int32_t*>(stages + T::kRingBytes);
   auto* union_page = union_block + T::kMaxUnion;
@@ -148,30 +149,6 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     fence_mbarrier_init();
   }
 
-  // ---- The queries: row token * 16 + head of the Q tile ([half][128 rows][128 B], SW128), zeros
-  // for heads past the group and tokens past the tile.
-  for (int i = threadIdx.x; i < T::kTokens * 16 * 16; i += T::kThreads) {
-    const int r = i / 16, chunk = i % 16;
-    const int token = r / 16, head = r % 16;
-    uint4 value = make_uint4(0, 0, 0, 0);
-    if (token < tile.rows && head < p.group) {
-      const auto* src = static_cast<const QElem*>(p.q) + (tile.row + token) * p.q_row_stride +
-                        (kv_head * p.group + head) * p.q_head_stride + chunk * 8;
-      value = *reinterpret_cast<const uint4*>(src);
-      if constexpr (!std::is_same_v<QElem, Elem>) {
-        const auto* in = reinterpret_cast<const QElem*>(&value);
-        std::uint32_t w[4];
-        for (int j = 0; j < 4; ++j) {
-          w[j] = pack2<Elem>(static_cast<float>(in[2 * j]), static_cast<float>(in[2 * j + 1]));
-        }
-        value = make_uint4(w[0], w[1], w[2], w[3]);
-      }
-    }
-    *reinterpret_cast<uint4*>(q_tile + (chunk / 8) * (T::kTokens * 16 * 128) +
-                              sw128_offset(r, chunk % 8)) = value;
-  }
-  fence_proxy_async_shared();  // the Q tile, read by wgmma
-
   // ---- The pages: the union of the tile's selections, or (dense) every visible block.
   const bool listed = p.topk != nullptr;
   int num_entries;
@@ -187,7 +164,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
                                                             union_block, union_page, union_mask);
   } else {
     num_entries = static_cast<int>(tile_blocks);  // entry i is block i
-    __syncthreads();                              // the barriers and the Q tile
+    __syncthreads();                              // the barriers
   }
   auto entry_page = [&](int e) -> std::int64_t { return listed ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return listed ? union_block[e] : e; };
@@ -277,7 +254,27 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   const int c = wg - 1;
   const int token = 4 * c + warp;
   const std::int64_t my_pos = token < tile.rows ? tile.position(token) : -1;
-  const std::uint64_t q_desc = sw128_descriptor(q_tile + c * 64 * 128);
+  // The token's query heads lane / 4 and 8 below as wgmma's A fragments of the 8 k-steps (zeros
+  // past the group and the tile): S's MMAs read only K from shared memory.
+  std::uint32_t qf[8][4];
+#pragma unroll
+  for (int ks = 0; ks < 8; ++ks) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int head = lane / 4 + 8 * (i % 2), d = 16 * ks + 2 * (lane % 4) + 8 * (i / 2);
+      std::uint32_t value = 0;
+      if (token < tile.rows && head < p.group) {
+        const auto* src = static_cast<const QElem*>(p.q) + (tile.row + token) * p.q_row_stride +
+                          (kv_head * p.group + head) * p.q_head_stride + d;
+        value = *reinterpret_cast<const std::uint32_t*>(src);
+        if constexpr (!std::is_same_v<QElem, Elem>) {
+          const auto* in = reinterpret_cast<const QElem*>(&value);
+          value = pack2<Elem>(static_cast<float>(in[0]), static_cast<float>(in[1]));
+        }
+      }
+      qf[ks][i] = value;
+    }
+  }
   const float scale = fminf(p.score_scale_log2, FLT_MAX);
   float o[64];
 #pragma unroll
@@ -302,8 +299,8 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const int half = ks / 4, offset = (ks % 4) * 32;
-        wgmma_64x128x16_ss<Elem>(q_desc + ((half * (T::kTokens * 16 * 128) + offset) >> 4),
-                                 k_desc + ((half * (128 * 128) + offset) >> 4), acc, ks > 0);
+        wgmma_64x128x16_rs_kmajor<Elem>(qf[ks], k_desc + ((half * (128 * 128) + offset) >> 4), acc,
+                                        ks > 0);
       }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
