@@ -164,6 +164,7 @@ for v in variants:
 median = lambda x: sorted(x)[len(x) // 2]
 ratios = collections.defaultdict(list)
 shown = re.compile(r": (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
+print(f"{'':78s}" + "".join(f"{v[:8]:>9s}" for v in variants))
 for name, by in values.items():
     if not all(v in by for v in variants):
         continue
