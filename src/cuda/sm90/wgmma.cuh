@@ -75,58 +75,40 @@ __device__ __forceinline__ void wgmma_64x128x16_bf16(std::uint64_t a, std::uint6
                                                              cute::SM90::GMMA::Major::K>;
   wgmma_64x128_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
-// The 16-bit m64n128k16 instructions of an MMA type (bf16 or fp16): SS with both operands K-major
-// (Q K^T), RS with A from registers and B N-major (P V: P in the S accumulator's own layout, V as
-// stored).
+// The 16-bit m64n128k16 instructions of an MMA type (bf16 or fp16), A from registers: B K-major
+// (Q K^T: K as stored) or B N-major (P V: P in the S accumulator's own layout, V as stored).
 template <class Elem>
 struct Wgmma16 {
   static_assert(std::is_same_v<Elem, __nv_bfloat16> || std::is_same_v<Elem, __half>);
   static constexpr bool kBf16 = std::is_same_v<Elem, __nv_bfloat16>;
-  using K = std::integral_constant<cute::SM90::GMMA::Major, cute::SM90::GMMA::Major::K>;
-  using SS =
-      std::conditional_t<kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<K::value, K::value>,
-                         cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<K::value, K::value>>;
+  template <cute::SM90::GMMA::Major kB>
   using RS = std::conditional_t<
-      kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::value, cute::SM90::GMMA::Major::MN>,
-      cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<K::value, cute::SM90::GMMA::Major::MN>>;
-  // RS with B K-major (Q K^T with Q from registers).
-  using RSK =
-      std::conditional_t<kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<K::value, K::value>,
-                         cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<K::value, K::value>>;
+      kBf16, cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_RS<cute::SM90::GMMA::Major::K, kB>,
+      cute::SM90::GMMA::MMA_64x128x16_F32F16F16_RS<cute::SM90::GMMA::Major::K, kB>>;
 };
-template <class Elem>
-__device__ __forceinline__ void wgmma_64x128x16_ss(std::uint64_t a, std::uint64_t b,
-                                                   float (&acc)[64], bool accumulate) {
-  wgmma_64x128_impl<typename Wgmma16<Elem>::SS>(a, b, acc, accumulate,
-                                                std::make_index_sequence<64>{});
-}
 // a[4]: rows lane / 4 + 16 warp and 8 below, k 2 (lane % 4) + {0, 1} and 8 above, in the order
 // (row, k), (row + 8, k), (row, k + 8), (row + 8, k + 8): the accumulator's n8 blocks 2i and
-// 2i + 1 of k-step i, two values a register.
-template <class Elem, std::size_t... I>
-__device__ __forceinline__ void wgmma_64x128x16_rs_impl(const std::uint32_t* a, std::uint64_t b,
-                                                        float (&acc)[64],
-                                                        std::index_sequence<I...>) {
-  Wgmma16<Elem>::RS::fma(a[0], a[1], a[2], a[3], b, acc[I]..., cute::SM90::GMMA::ScaleOut::One);
+// 2i + 1 of k-step i, two values a register. accumulate false overwrites acc.
+template <class Mma, std::size_t... I>
+__device__ __forceinline__ void wgmma_64x128_rs_impl(const std::uint32_t* a, std::uint64_t b,
+                                                     float (&acc)[64], bool accumulate,
+                                                     std::index_sequence<I...>) {
+  Mma::fma(a[0], a[1], a[2], a[3], b, acc[I]...,
+           accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
 }
+// O += P V: B N-major.
 template <class Elem>
 __device__ __forceinline__ void wgmma_64x128x16_rs_accumulate(const std::uint32_t* a,
                                                               std::uint64_t b, float (&acc)[64]) {
-  wgmma_64x128x16_rs_impl<Elem>(a, b, acc, std::make_index_sequence<64>{});
+  using Mma = typename Wgmma16<Elem>::template RS<cute::SM90::GMMA::Major::MN>;
+  wgmma_64x128_rs_impl<Mma>(a, b, acc, true, std::make_index_sequence<64>{});
 }
-// The same with B K-major; accumulate false overwrites acc.
-template <class Elem, std::size_t... I>
-__device__ __forceinline__ void wgmma_64x128x16_rs_k_impl(const std::uint32_t* a, std::uint64_t b,
-                                                          float (&acc)[64], bool accumulate,
-                                                          std::index_sequence<I...>) {
-  Wgmma16<Elem>::RSK::fma(
-      a[0], a[1], a[2], a[3], b, acc[I]...,
-      accumulate ? cute::SM90::GMMA::ScaleOut::One : cute::SM90::GMMA::ScaleOut::Zero);
-}
+// S = Q K^T: B K-major.
 template <class Elem>
 __device__ __forceinline__ void wgmma_64x128x16_rs_kmajor(const std::uint32_t* a, std::uint64_t b,
                                                           float (&acc)[64], bool accumulate) {
-  wgmma_64x128x16_rs_k_impl<Elem>(a, b, acc, accumulate, std::make_index_sequence<64>{});
+  using Mma = typename Wgmma16<Elem>::template RS<cute::SM90::GMMA::Major::K>;
+  wgmma_64x128_rs_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
 }
 
 // E4M3 x E4M3, k 32 (32 bytes of each row), A from registers: the native fp8 tensor-core path,
