@@ -22,7 +22,9 @@ case) select=(--filter "$what") ;;
 *) echo "$usage"; exit 2 ;;
 esac
 bench=${BENCH:-build-gpu/bench/flashmsa_cuda_bench}
-if [ ! -x "$bench" ] && [ -z "${BENCH:-}" ]; then
+if [ -n "${BENCH:-}" ]; then
+  [ -x "$bench" ] || { echo "profile.sh: BENCH=$bench is not an executable"; exit 2; }
+elif [ ! -x "$bench" ]; then
   cmake -S . -B build-gpu -G Ninja >/dev/null
   cmake --build build-gpu -j"$(nproc)" --target flashmsa_cuda_bench >/dev/null
 fi
