@@ -70,9 +70,9 @@ struct PrefillAttentionTraits {
   static constexpr int kWindow = 2048;            // blocks marked a pass of the union build
   static constexpr int kStagingStride = 128 + 4;  // floats an epilogue row (4 of padding: banks)
   static constexpr int kUnionBytes = kMaxUnion * 12;
-  // Barriers (K: full, empty; V: full, ready, empty) and the marked keys (4 words) of each V
-  // stage.
-  static constexpr int kBarrierBytes = kKStages * 2 * 8 + kVStages * (3 * 8 + 16);
+  // Barriers (K: full, empty; V: full, ready, empty), the marked keys (4 words) of each V stage
+  // and whether each K stage holds a page (a word).
+  static constexpr int kBarrierBytes = kKStages * (2 * 8 + 4) + kVStages * (3 * 8 + 16);
   // 1024: the slack that aligns the tiles to the 1024-byte swizzle atoms.
   static constexpr int kSmemBytes = 1024 + kRingBytes + kUnionBytes + kBarrierBytes;
   static_assert(kSmemBytes <= 227 * 1024);
@@ -103,6 +103,19 @@ struct NonFinite {
   }
 };
 
+// t[h][0] = op over t[h][0 .. 15] for both rows h, as trees of depth 4 side by side (a chain
+// would be 15 dependent instructions).
+template <class Op>
+__device__ __forceinline__ void reduce_rows(float (&t)[2][16], Op op) {
+#pragma unroll
+  for (int j = 0; j < 8; ++j) t[0][j] = op(t[0][j], t[0][j + 8]), t[1][j] = op(t[1][j], t[1][j + 8]);
+#pragma unroll
+  for (int j = 0; j < 4; ++j) t[0][j] = op(t[0][j], t[0][j + 4]), t[1][j] = op(t[1][j], t[1][j + 4]);
+#pragma unroll
+  for (int j = 0; j < 2; ++j) t[0][j] = op(t[0][j], t[0][j + 2]), t[1][j] = op(t[1][j], t[1][j + 2]);
+  t[0][0] = op(t[0][0], t[0][1]), t[1][0] = op(t[1][0], t[1][1]);
+}
+
 }  // namespace prefill_attention
 
 // Elem: the cache's and the MMA's type; QElem: q's (converted to Elem on load where it differs).
@@ -124,6 +137,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   std::uint64_t* v_ready = v_full + T::kVStages;
   std::uint64_t* v_empty = v_ready + T::kVStages;
   auto* marked = reinterpret_cast<std::uint32_t*>(v_empty + T::kVStages);  // [kVStages][4]
+  std::uint32_t* k_loaded = marked + T::kVStages * 4;                     // [kKStages]
   // Entry e's stage and phase parity in a ring of n stages.
   auto slot = [](int e, int n) { return e % n; };
   auto parity = [](int e, int n) { return static_cast<std::uint32_t>(e / n) & 1u; };
@@ -168,13 +182,15 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   }
   auto entry_page = [&](int e) -> std::int64_t { return listed ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return listed ? union_block[e] : e; };
-  auto entry_mask = [&](int e) -> std::uint32_t {
+  // The tokens that read entry e (a bit each), `loaded`: whether its page was loaded. Dense: the
+  // tile's positions are consecutive, so token i sees block e iff pos + i >= 128 e.
+  auto entry_mask = [&](int e, bool loaded) -> std::uint32_t {
     if (listed) return union_mask[e];
-    if (page_of(e) < 0) return 0;
-    std::uint32_t m = 0;
-    for (int i = 0; i < tile.rows; ++i)
-      m |= tile.position(i) >= std::int64_t{e} * 128 ? 1u << i : 0u;
-    return m;
+    if (!loaded || tile.padding) return 0u;
+    const std::int64_t first = std::int64_t{e} * 128 - tile.pos;  // the first token that sees it
+    if (first >= tile.rows) return 0u;
+    const int below = first <= 0 ? 0 : static_cast<int>(first);
+    return ((1u << tile.rows) - 1u) & ~((1u << below) - 1u);
   };
 
   const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
@@ -189,10 +205,11 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
       // with no bytes (no consumer reads it).
       constexpr int kLag = T::kKStages - T::kVStages;
       auto load = [&](const CUtensorMap* map, std::uint64_t* full, std::uint64_t* empty,
-                      std::byte* ring, int e, int n) {
+                      std::byte* ring, std::uint32_t* loaded, int e, int n) {
         const int s = slot(e, n);
         if (e >= n) mbarrier_wait(&empty[s], parity(e - n, n));
         const std::int64_t page = entry_page(e);
+        if (loaded != nullptr) loaded[s] = page >= 0;  // published by the arrive below
         if (page < 0) {
           mbarrier_arrive(&full[s]);
           return;
@@ -204,8 +221,9 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
         }
       };
       for (int e = 0; e < num_entries + kLag; ++e) {
-        if (e < num_entries) load(&params.k_map, k_full, k_empty, stages, e, T::kKStages);
-        if (e >= kLag) load(&params.v_map, v_full, v_empty, v_stages, e - kLag, T::kVStages);
+        if (e < num_entries) load(&params.k_map, k_full, k_empty, stages, k_loaded, e, T::kKStages);
+        if (e >= kLag)
+          load(&params.v_map, v_full, v_empty, v_stages, nullptr, e - kLag, T::kVStages);
       }
       return;
     }
@@ -281,42 +299,54 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   for (float& x : o) x = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.0f, 0.0f};
   bool poisoned = false;  // a marked (non-finite) value among the token's keys
+  // The stage descriptors of the rings' first stages; a stage, k-step or key block is an offset
+  // added to the low word (the start address field: no carry, shared memory is < 2^18 bytes).
+  const std::uint64_t k_desc0 = sw128_descriptor(stages);
+  const std::uint64_t v_desc0 = sw128_mn_descriptor(v_stages, 128 * 128);
+  auto advance = [](std::uint64_t desc, std::uint32_t bytes) {
+    return (desc & 0xffffffff00000000ull) |
+           (static_cast<std::uint32_t>(desc) + (bytes >> 4));
+  };
+  const std::uint32_t group_bits = 0xFu << (4 * c), token_bit = 1u << token;
+  static_assert(T::kKStages == T::kVStages, "one stage counter for both rings");
+  int stage = 0;            // entry e's stage in both rings: e % kKStages
+  std::uint32_t phase = 0;  // and its phase parity, (e / kKStages) & 1
 
   for (int e = 0; e < num_entries; ++e) {
-    const int k_slot = slot(e, T::kKStages), v_slot = slot(e, T::kVStages);
-    const std::uint32_t mask = entry_mask(e);
-    const bool mine = ((mask >> (4 * c)) & 0xFu) != 0;  // any of the warpgroup's tokens
     // Every phase is waited for, also where skipped: no warpgroup's release may run a phase
     // ahead of the other's on an "empty" barrier, nor ahead of the scanners on a V stage (the
     // next V plane comes only after both consumers released the stage, so after its scan).
-    mbarrier_wait(&k_full[k_slot], parity(e, T::kKStages));
+    mbarrier_wait(&k_full[stage], phase);
+    const std::uint32_t mask = entry_mask(e, k_loaded[stage] != 0);
+    const bool mine = (mask & group_bits) != 0;  // any of the warpgroup's tokens
     float acc[64];
     if (mine) {
       // ---- S = Q K^T
-      const std::uint64_t k_desc = sw128_descriptor(stages + k_slot * T::kPlaneBytes);
+      const std::uint64_t k_desc = advance(k_desc0, stage * T::kPlaneBytes);
       wgmma_fence_accumulators(acc);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int ks = 0; ks < 8; ++ks) {
         const int half = ks / 4, offset = (ks % 4) * 32;
-        wgmma_64x128x16_rs_kmajor<Elem>(qf[ks], k_desc + ((half * (128 * 128) + offset) >> 4), acc,
+        wgmma_64x128x16_rs_kmajor<Elem>(qf[ks], advance(k_desc, half * (128 * 128) + offset), acc,
                                         ks > 0);
       }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(acc);
     }
-    mbarrier_arrive(&k_empty[k_slot]);  // the K plane is read
+    mbarrier_arrive(&k_empty[stage]);  // the K plane is read
     if (mine) {
       // ---- The online softmax of the token's rows (lane / 4 and 8 below), or P = 0.
-      const std::int64_t first_key = entry_block(e) * 128;
-      const bool selected = ((mask >> token) & 1u) != 0;  // warp-uniform
+      const bool selected = (mask & token_bit) != 0;  // warp-uniform
+      // Keys 0 .. last_key of the page are the token's (a selected block is visible).
+      const std::int64_t rel = my_pos - entry_block(e) * 128;
+      const int last_key = rel > 127 ? 127 : static_cast<int>(rel);
       std::uint32_t pf[8][4];
       if (selected) {
-        // The causal mask touches only the token's own block (a selected block is visible:
-        // first_key <= my_pos), so the test is warp-uniform and per key an int32 compare with
-        // a constant: key 8 j + 2 (lane % 4) + x is hidden past last_key.
-        const int last_key = static_cast<int>(std::min<std::int64_t>(my_pos - first_key, 127));
+        // The causal mask touches only the token's own block, so the test is warp-uniform and
+        // per key an int32 compare with a constant: key 8 j + 2 (lane % 4) + x is hidden past
+        // last_key.
         if (last_key < 127) {
           const int limit = last_key - 2 * (lane % 4);
 #pragma unroll
@@ -327,33 +357,43 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
             }
           }
         }
-        // Max over the raw scores, the scale folded into the exponent's FFMA (scale > 0).
-        float alpha[2];
+        // Row h's values are acc[4 j + 2 h + x]. Maxima and sums as trees (depth 5, not a
+        // chain of 32), both rows side by side: the softmax is latency-bound, not issue-bound.
+        float t[2][16];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
 #pragma unroll
-          for (int j = 0; j < 16; ++j)
-            mx = fmaxf(mx, fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]));
+          for (int j = 0; j < 16; ++j) t[h][j] = fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+        }
+        prefill_attention::reduce_rows(t, [](float a, float b) { return fmaxf(a, b); });
+        // Max over the raw scores, the scale folded into the exponent's FFMA (scale > 0).
+        float alpha[2], ref[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = t[h][0];
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float new_max = fmaxf(row_max[h], mx * scale);
-          const float ref = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: no NaN
-          alpha[h] = fast_exp2(row_max[h] - ref);
+          ref[h] = new_max == -INFINITY ? 0.0f : new_max;  // no key yet: no NaN
+          alpha[h] = fast_exp2(row_max[h] - ref[h]);
           row_max[h] = new_max;
-          float sum = 0.0f;
+        }
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
+        for (int j = 0; j < 16; ++j) {
 #pragma unroll
-            for (int x = 0; x < 2; ++x) {
-              float& v = acc[4 * j + 2 * h + x];
-              v = fast_exp2(fmaf(v, scale, -ref));
-              sum += v;
-            }
-          }
+          for (int i = 0; i < 4; ++i) acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -ref[i / 2]));
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+          for (int j = 0; j < 16; ++j) t[h][j] = acc[4 * j + 2 * h] + acc[4 * j + 2 * h + 1];
+        }
+        prefill_attention::reduce_rows(t, [](float a, float b) { return a + b; });
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
           // A score whose scaled value overflows gives +inf as the max, and exp2(s scale - inf)
           // would be 0 for it: the row is NaN, as inf - inf made it before the fold.
-          if (ref == INFINITY) sum = __int_as_float(0x7fc00000);
+          const float sum = ref[h] == INFINITY ? __int_as_float(0x7fc00000) : t[h][0];
           row_sum[h] = row_sum[h] * alpha[h] + sum;
         }
         // O is rescaled only when a row's max moved (x 1.0 is exact: skipping changes no bit).
@@ -378,37 +418,35 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
       }
 
       // ---- O += P V, once the V rows are checked.
-      mbarrier_wait(&v_full[v_slot], parity(e, T::kVStages));
-      mbarrier_wait(&v_ready[v_slot], parity(e, T::kVStages));
+      mbarrier_wait(&v_full[stage], phase);
+      mbarrier_wait(&v_ready[stage], phase);
       if (selected) {
-        // The marked keys the token sees (its keys up to its position) make its row NaN.
-        const std::int64_t last = my_pos - first_key;  // >= 0: a selected page is visible
+        // The marked keys the token sees (keys 0 .. last_key) make its row NaN.
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          const std::uint32_t m = marked[v_slot * 4 + w];
-          const std::int64_t seen = last - 32 * w + 1;  // keys of word w the token sees
+          const int seen = last_key - 32 * w + 1;  // keys of word w the token sees
           const std::uint32_t visible = seen >= 32  ? 0xffffffffu
                                         : seen <= 0 ? 0u
-                                                    : (1u << static_cast<int>(seen)) - 1u;
-          poisoned |= (m & visible) != 0;
+                                                    : (1u << seen) - 1u;
+          poisoned |= (marked[stage * 4 + w] & visible) != 0;
         }
       }
-      const std::uint64_t v_desc =
-          sw128_mn_descriptor(v_stages + v_slot * T::kPlaneBytes, 128 * 128);
+      const std::uint64_t v_desc = advance(v_desc0, stage * T::kPlaneBytes);
       wgmma_fence_accumulators(o);
       cute::warpgroup_arrive();
 #pragma unroll
       for (int kk = 0; kk < 8; ++kk) {
-        wgmma_64x128x16_rs_accumulate<Elem>(pf[kk], v_desc + ((kk * 16 * 128) >> 4), o);
+        wgmma_64x128x16_rs_accumulate<Elem>(pf[kk], advance(v_desc, kk * 16 * 128), o);
       }
       cute::warpgroup_commit_batch();
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(o);
     } else {
-      mbarrier_wait(&v_full[v_slot], parity(e, T::kVStages));
-      mbarrier_wait(&v_ready[v_slot], parity(e, T::kVStages));
+      // Nothing to read: the scan's end implies the plane's landing.
+      mbarrier_wait(&v_ready[stage], phase);
     }
-    mbarrier_arrive(&v_empty[v_slot]);
+    mbarrier_arrive(&v_empty[stage]);
+    if (++stage == T::kKStages) stage = 0, phase ^= 1u;
   }
   allow_next_kernel();
 
