@@ -53,6 +53,15 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(std::uint64_t* barrier
 __device__ __forceinline__ void mbarrier_arrive(std::uint64_t* barrier) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(barrier)) : "memory");
 }
+// Arrives on the barrier at `barrier`'s offset in the shared memory of cluster CTA `cta`.
+__device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* barrier, std::uint32_t cta) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(
+          smem_address(barrier)),
+      "r"(cta)
+      : "memory");
+}
 // Waits until the phase of the given parity has completed.
 __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, std::uint32_t parity) {
   asm volatile(

@@ -165,4 +165,14 @@ __device__ __forceinline__ void tma_load_4d(const void* map, std::uint64_t* barr
                                smem, c0, c1, c2, c3);
 }
 
+// The same box into the same shared-memory offset of every CTA of the cluster in `ctas` (a bit
+// each), completing on the barrier at `barrier`'s offset in each of them.
+__device__ __forceinline__ void tma_load_4d_multicast(const void* map, std::uint64_t* barrier,
+                                                      std::uint16_t ctas, void* smem, int c0,
+                                                      int c1, int c2, int c3) {
+  cute::SM90_TMA_LOAD_MULTICAST_4D::copy(
+      map, barrier, ctas, static_cast<std::uint64_t>(cute::TMA::CacheHintSm90::EVICT_NORMAL), smem,
+      c0, c1, c2, c3);
+}
+
 }  // namespace flashmsa::cuda

@@ -22,8 +22,10 @@ struct AttentionTile {
 
 // kRows rows per tile; decode tiles split each request's dql rows, prefill tiles come from the
 // planner's tile_offset.
+// Prefill: CTA `cta` of the grid (default: this one) takes tile total - 1 - cta.
 template <int kRows>
-__device__ AttentionTile attention_tile(const RowMap& m, const std::int32_t* tile_offset) {
+__device__ AttentionTile attention_tile(const RowMap& m, const std::int32_t* tile_offset,
+                                        unsigned cta = blockIdx.x) {
   AttentionTile tile;
   if (m.decode_query_len > 0) {
     const int dql = m.decode_query_len;
@@ -41,7 +43,7 @@ __device__ AttentionTile attention_tile(const RowMap& m, const std::int32_t* til
   }
   // Prefill: the last tiles (longest rows) first, so the heaviest CTAs start in the first wave.
   const std::int32_t total = tile_offset[m.num_requests];
-  const std::int32_t i = total - 1 - static_cast<std::int32_t>(blockIdx.x);
+  const std::int32_t i = total - 1 - static_cast<std::int32_t>(cta);
   if (i < 0) return tile;
   const std::int32_t lo = m.request_of_tile(tile_offset, i);
   const std::int64_t begin = m.request_begin[lo], end = m.request_end[lo];
