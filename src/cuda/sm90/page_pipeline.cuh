@@ -57,8 +57,7 @@ __device__ __forceinline__ void mbarrier_arrive(std::uint64_t* barrier) {
 __device__ __forceinline__ void mbarrier_arrive_cluster(std::uint64_t* barrier, std::uint32_t cta) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(
-          smem_address(barrier)),
+      " mbarrier.arrive.shared::cluster.b64 _, [remote];\n}" ::"r"(smem_address(barrier)),
       "r"(cta)
       : "memory");
 }

@@ -112,11 +112,14 @@ struct NonFinite {
 template <class Op>
 __device__ __forceinline__ void reduce_rows(float (&t)[2][16], Op op) {
 #pragma unroll
-  for (int j = 0; j < 8; ++j) t[0][j] = op(t[0][j], t[0][j + 8]), t[1][j] = op(t[1][j], t[1][j + 8]);
+  for (int j = 0; j < 8; ++j)
+    t[0][j] = op(t[0][j], t[0][j + 8]), t[1][j] = op(t[1][j], t[1][j + 8]);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) t[0][j] = op(t[0][j], t[0][j + 4]), t[1][j] = op(t[1][j], t[1][j + 4]);
+  for (int j = 0; j < 4; ++j)
+    t[0][j] = op(t[0][j], t[0][j + 4]), t[1][j] = op(t[1][j], t[1][j + 4]);
 #pragma unroll
-  for (int j = 0; j < 2; ++j) t[0][j] = op(t[0][j], t[0][j + 2]), t[1][j] = op(t[1][j], t[1][j + 2]);
+  for (int j = 0; j < 2; ++j)
+    t[0][j] = op(t[0][j], t[0][j + 2]), t[1][j] = op(t[1][j], t[1][j + 2]);
   t[0][0] = op(t[0][0], t[0][1]), t[1][0] = op(t[1][0], t[1][1]);
 }
 
@@ -141,7 +144,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   std::uint64_t* v_ready = v_full + T::kVStages;
   std::uint64_t* v_empty = v_ready + T::kVStages;
   auto* marked = reinterpret_cast<std::uint32_t*>(v_empty + T::kVStages);  // [kVStages][4]
-  std::uint32_t* k_loaded = marked + T::kVStages * 4;                     // [kKStages]
+  std::uint32_t* k_loaded = marked + T::kVStages * 4;                      // [kKStages]
   // Entry e's stage and phase parity in a ring of n stages.
   auto slot = [](int e, int n) { return e % n; };
   auto parity = [](int e, int n) { return static_cast<std::uint32_t>(e / n) & 1u; };
@@ -331,8 +334,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   const std::uint64_t k_desc0 = sw128_descriptor(stages);
   const std::uint64_t v_desc0 = sw128_mn_descriptor(v_stages, 128 * 128);
   auto advance = [](std::uint64_t desc, std::uint32_t bytes) {
-    return (desc & 0xffffffff00000000ull) |
-           (static_cast<std::uint32_t>(desc) + (bytes >> 4));
+    return (desc & 0xffffffff00000000ull) | (static_cast<std::uint32_t>(desc) + (bytes >> 4));
   };
   const std::uint32_t group_bits = 0xFu << (4 * c), token_bit = 1u << token;
   static_assert(T::kKStages == T::kVStages, "one stage counter for both rings");
@@ -409,7 +411,8 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
 #pragma unroll
-          for (int i = 0; i < 4; ++i) acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -ref[i / 2]));
+          for (int i = 0; i < 4; ++i)
+            acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -ref[i / 2]));
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
