@@ -11,7 +11,8 @@
 #   scripts/ab_device.sh build NAME...                 (base for the tree as it is; a name
 #                                                       already built on this warm machine is
 #                                                       kept unless REBUILD=1)
-#   scripts/ab_device.sh test NAME FILTER [SHARDS]     (concurrent gtest shards, default 8)
+#   scripts/ab_device.sh test NAME FILTER [SHARDS]     (concurrent gtest shards, default 8; the
+#                                                       failed tests named with their messages)
 #   scripts/ab_device.sh sanitize NAME FILTER [SHARDS] (memcheck, racecheck, initcheck)
 #   scripts/ab_device.sh bench ROUNDS NAME...          (POINTS="fp8,64,32768,1 ..." grid points,
 #                                                       PHASES=1 adds the decode phases)
@@ -117,6 +118,11 @@ test | sanitize)
     status=$((status | rc))
     echo "$mode $v $tool: rc $rc;" \
       "$(cat "$logs/${mode}_${v}_${tool}"_*.log | grep -hoE '^\[  (PASSED|FAILED)  \] [0-9]+ tests?|(ERROR|RACECHECK) SUMMARY: .*' | sort | uniq -c | tr -s ' ' | tr '\n' ';')"
+    # The failed tests by name, each with its first failure message.
+    for log in "$logs/${mode}_${v}_${tool}"_*.log; do
+      grep -hE -B8 '^\[  FAILED  \] [A-Za-z_].* \([0-9]+ ms\)$' "$log" |
+        grep -hE '^\[  FAILED  \]|Failure|exception|Expected|Which is' | head -6
+    done
   done
   exit $status
   ;;
