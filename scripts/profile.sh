@@ -7,7 +7,8 @@
 # Profiles the kernel's third launch (after the warm-up and the graphs' capture) with the full
 # section set and the SASS source counters (per-instruction stall samples), clocks left as the
 # card runs them. Writes build-gpu/profile/NAME.ncu-rep, NAME.details.txt (every section) and
-# NAME.sass.csv (the source page). BENCH names the benchmark binary (default
+# NAME.sass.csv (the source page; scripts/sass_stalls.py reads it: the run prints its summary).
+# BENCH names the benchmark binary (default
 # build-gpu/bench/flashmsa_cuda_bench, built first if missing; e.g. an A/B variant's
 # build-gpu/ab/bench_v1).
 set -euo pipefail
@@ -37,3 +38,4 @@ ncu -i "$out/$name.ncu-rep" --page details --print-details all >"$out/$name.deta
 ncu -i "$out/$name.ncu-rep" --page source --print-source sass --csv >"$out/$name.sass.csv"
 grep -E "Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Warp Cycles Per Issued" \
   "$out/$name.details.txt" | head -12
+python3 scripts/sass_stalls.py "$out/$name.sass.csv" --top 12
