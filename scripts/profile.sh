@@ -8,9 +8,8 @@
 # section set and the SASS source counters (per-instruction stall samples), clocks left as the
 # card runs them. Writes build-gpu/profile/NAME.ncu-rep, NAME.details.txt (every section) and
 # NAME.sass.csv (the source page; scripts/sass_stalls.py reads it: the run prints its summary).
-# BENCH names the benchmark binary (default
-# build-gpu/bench/flashmsa_cuda_bench, built first if missing; e.g. an A/B variant's
-# build-gpu/ab/bench_v1).
+# BENCH names the benchmark binary (default build-gpu/bench/flashmsa_cuda_bench, built first if
+# missing; e.g. an A/B variant's build-gpu/ab/bench_v1).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
