@@ -31,7 +31,9 @@ def read(path):
     """(offset, instruction, samples, {reason: samples}) for each instruction."""
     with open(path, newline="") as f:
         rows = list(csv.reader(f))
-    header = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
+    header = next((i for i, r in enumerate(rows) if r and r[0] == "Address"), None)
+    if header is None:
+        sys.exit(f"{path}: no \"Address\" header row (not ncu's --page source --csv export?)")
     names = rows[header]
     col = {n: i for i, n in enumerate(names)}
     reasons = [n for n in names if n.startswith("stall_") and "Not Issued" not in n]
