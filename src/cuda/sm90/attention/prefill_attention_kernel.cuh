@@ -145,9 +145,16 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   std::uint64_t* v_empty = v_ready + T::kVStages;
   auto* marked = reinterpret_cast<std::uint32_t*>(v_empty + T::kVStages);  // [kVStages][4]
   std::uint32_t* k_loaded = marked + T::kVStages * 4;                      // [kKStages]
-  // Entry e's stage and phase parity in a ring of n stages.
-  auto slot = [](int e, int n) { return e % n; };
-  auto parity = [](int e, int n) { return static_cast<std::uint32_t>(e / n) & 1u; };
+  // Entry e's stage in both rings (e % kKStages) and its phase parity ((e / kKStages) & 1),
+  // stepped along the entries by every role.
+  static_assert(T::kKStages == T::kVStages, "one stage counter for both rings");
+  struct RingPosition {
+    int stage = 0;
+    std::uint32_t phase = 0;
+    __device__ void next() {
+      if (++stage == T::kKStages) stage = 0, phase ^= 1u;
+    }
+  };
 
   wait_for_previous_kernel();  // the planner's tiles
   const AttentionTile tile = attention_tile<T::kTokens>(p.rows, p.tile_offset);
@@ -207,11 +214,12 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   }
   auto entry_page = [&](int e) -> std::int64_t { return listed ? union_page[e] : page_of(e); };
   auto entry_block = [&](int e) -> std::int64_t { return listed ? union_block[e] : e; };
-  // The tokens that read entry e (a bit each), `loaded`: whether its page was loaded. Dense: the
-  // tile's positions are consecutive, so token i sees block e iff pos + i >= 128 e.
-  auto entry_mask = [&](int e, bool loaded) -> std::uint32_t {
+  // The tokens that read entry e (a bit each), its K plane in `stage`. Dense: the tile's
+  // positions are consecutive, so token i sees block e iff pos + i >= 128 e, where the block has
+  // a page (the producer's flag).
+  auto entry_mask = [&](int e, int stage) -> std::uint32_t {
     if (listed) return union_mask[e];
-    if (!loaded || tile.padding) return 0u;
+    if (k_loaded[stage] == 0 || tile.padding) return 0u;
     const std::int64_t first = std::int64_t{e} * 128 - tile.pos;  // the first token that sees it
     if (first >= tile.rows) return 0u;
     const int below = first <= 0 ? 0 : static_cast<int>(first);
@@ -224,17 +232,12 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     if (warp == 0) {
       if (lane != 0) return;
       fence_proxy_async_shared();  // the union build's scratch in the stages, before TMA writes
-      // Entry e's K plane into K stage e % kKStages, its V plane into V stage e % kVStages, each
-      // once the consumers released the stage's previous entry; V one entry behind K, so that K
-      // goes on streaming while the V ring is full. An entry without a page completes its phases
-      // with no bytes (no consumer reads it).
-      constexpr int kLag = T::kKStages - T::kVStages;
-      auto load = [&](const CUtensorMap* map, std::uint64_t* full, std::uint64_t* empty,
-                      std::byte* ring, std::uint32_t* loaded, int e, int n) {
-        const int s = slot(e, n);
-        if (e >= n) mbarrier_wait(&empty[s], parity(e - n, n));
-        const std::int64_t page = entry_page(e);
-        if (loaded != nullptr) loaded[s] = page >= 0;  // published by the arrive below
+      // Entry e's K and V planes into their stages, each once the consumers released the
+      // stage's previous entry (K is released first, so K goes on streaming while the consumers
+      // finish the V plane). An entry without a page completes its phases with no bytes (no
+      // consumer reads it).
+      auto load = [&](const CUtensorMap* map, std::uint64_t* full, std::byte* ring, int s,
+                      std::int64_t page) {
         if (page < 0) {
           mbarrier_arrive(&full[s]);
           return;
@@ -250,10 +253,15 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
                       kv_head, static_cast<int>(page));
         }
       };
-      for (int e = 0; e < num_entries + kLag; ++e) {
-        if (e < num_entries) load(&params.k_map, k_full, k_empty, stages, k_loaded, e, T::kKStages);
-        if (e >= kLag)
-          load(&params.v_map, v_full, v_empty, v_stages, nullptr, e - kLag, T::kVStages);
+      RingPosition at;
+      for (int e = 0; e < num_entries; ++e, at.next()) {
+        const std::int64_t page = entry_page(e);
+        // The stage's previous entry had the other phase parity.
+        if (e >= T::kKStages) mbarrier_wait(&k_empty[at.stage], at.phase ^ 1u);
+        k_loaded[at.stage] = page >= 0;  // published by the arrive in load
+        load(&params.k_map, k_full, stages, at.stage, page);
+        if (e >= T::kVStages) mbarrier_wait(&v_empty[at.stage], at.phase ^ 1u);
+        load(&params.v_map, v_full, v_stages, at.stage, page);
       }
       return;
     }
@@ -261,9 +269,10 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     // the non-finite ones and marks their keys (word k / 32 of the stage's marks).
     using Check = prefill_attention::NonFinite<Elem>;
     const int t = threadIdx.x - 32;
-    for (int e = 0; e < num_entries; ++e) {
-      const int s = slot(e, T::kVStages);
-      mbarrier_wait(&v_full[s], parity(e, T::kVStages));
+    RingPosition at;
+    for (int e = 0; e < num_entries; ++e, at.next()) {
+      const int s = at.stage;
+      mbarrier_wait(&v_full[s], at.phase);
       std::byte* v_tile = v_stages + s * T::kPlaneBytes;
       bool zeroed = false;
       for (int key = t; key < 128; key += T::kScanThreads) {
@@ -337,16 +346,15 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     return (desc & 0xffffffff00000000ull) | (static_cast<std::uint32_t>(desc) + (bytes >> 4));
   };
   const std::uint32_t group_bits = 0xFu << (4 * c), token_bit = 1u << token;
-  static_assert(T::kKStages == T::kVStages, "one stage counter for both rings");
-  int stage = 0;            // entry e's stage in both rings: e % kKStages
-  std::uint32_t phase = 0;  // and its phase parity, (e / kKStages) & 1
-
-  for (int e = 0; e < num_entries; ++e) {
+  RingPosition at;
+  for (int e = 0; e < num_entries; ++e, at.next()) {
+    const int stage = at.stage;
+    const std::uint32_t phase = at.phase;
     // Every phase is waited for, also where skipped: no warpgroup's release may run a phase
     // ahead of the other's on an "empty" barrier, nor ahead of the scanners on a V stage (the
     // next V plane comes only after both consumers released the stage, so after its scan).
     mbarrier_wait(&k_full[stage], phase);
-    const std::uint32_t mask = entry_mask(e, k_loaded[stage] != 0);
+    const std::uint32_t mask = entry_mask(e, stage);
     const bool mine = (mask & group_bits) != 0;  // any of the warpgroup's tokens
     float acc[64];
     if (mine) {
@@ -427,13 +435,12 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
           const float sum = ref[h] == INFINITY ? __int_as_float(0x7fc00000) : t[h][0];
           row_sum[h] = row_sum[h] * alpha[h] + sum;
         }
-        // O is rescaled only when a row's max moved (x 1.0 is exact: skipping changes no bit).
-        if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+        // O rescaled on every page: no vote waits for alpha, so the multiplies fill the
+        // exponentials' latency (x 1.0 is exact: the bits are those of skipping it).
 #pragma unroll
-          for (int j = 0; j < 16; ++j) {
-            o[4 * j] *= alpha[0], o[4 * j + 1] *= alpha[0];
-            o[4 * j + 2] *= alpha[1], o[4 * j + 3] *= alpha[1];
-          }
+        for (int j = 0; j < 16; ++j) {
+          o[4 * j] *= alpha[0], o[4 * j + 1] *= alpha[0];
+          o[4 * j + 2] *= alpha[1], o[4 * j + 3] *= alpha[1];
         }
 #pragma unroll
         for (int kk = 0; kk < 8; ++kk) {
@@ -478,7 +485,6 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     }
     mbarrier_arrive(&v_empty[stage]);
     if (paired && lane == 0) mbarrier_arrive_cluster(&v_empty[stage], peer);
-    if (++stage == T::kKStages) stage = 0, phase ^= 1u;
   }
   allow_next_kernel();
 
