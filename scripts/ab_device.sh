@@ -18,7 +18,9 @@
 #                                                       PHASES=1 adds the decode phases)
 #   scripts/ab_device.sh bench-cases ROUNDS NAME...    (any benchmark cases: FILTER="indexer
 #                                                       prefill 8K,indexer prefill fp8 32K")
-#   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline)
+#   scripts/ab_device.sh summary NAME...               (medians over the rounds, first = baseline;
+#                                                       the geometric mean of the grid steps' or
+#                                                       the cases' time ratios to it)
 #   scripts/ab_device.sh pack FILE                     (the logs as $OUT/FILE.tgz)
 #   scripts/ab_device.sh bundle NAME...                (development machine: the variants' built
 #                                                       binaries as build-gpu/abx/bins.tar.xz)
@@ -155,6 +157,7 @@ summary)
 import collections, glob, json, math, re, sys
 logs, variants = sys.argv[1], sys.argv[2:]
 values = collections.defaultdict(lambda: collections.defaultdict(list))
+times = collections.defaultdict(lambda: collections.defaultdict(list))  # bench-cases' median_us
 listed = set()  # bench-cases names: all shown
 for v in variants:
     for f in sorted(glob.glob(f"{logs}/grid_{v}_*.json") + glob.glob(f"{logs}/phases_{v}_*.json")
@@ -167,6 +170,9 @@ for v in variants:
                 values[c["name"]][v].append(x)
                 if "/cases_" in f:
                     listed.add(c["name"])
+                    ceiling = "ceiling" in c["name"] or "cuBLAS" in c["name"]  # not the variant's code
+                    if c.get("median_us") and not ceiling:
+                        times[c["name"]][v].append(c["median_us"])
 median = lambda x: sorted(x)[len(x) // 2]
 ratios = collections.defaultdict(list)
 shown = re.compile(r": (step|attention|indexer scoring|top-k)|last CTA ends|per CTA|within an SM")
@@ -180,10 +186,20 @@ for name, by in values.items():
     if name.startswith("decode grid") and name.endswith(": step"):
         for v, x in zip(variants[1:], m[1:]):
             ratios[v].append(x / m[0])
+# bench-cases: each case's time against the baseline's (the ceilings' runs left out).
+case_ratios = collections.defaultdict(list)
+for name, by in times.items():
+    if all(v in by for v in variants):
+        for v in variants[1:]:
+            case_ratios[v].append(median(by[v]) / median(by[variants[0]]))
+geomean = lambda r: math.exp(sum(map(math.log, r)) / len(r))
 for v in variants[1:]:
     if ratios[v]:
-        g = math.exp(sum(map(math.log, ratios[v])) / len(ratios[v]))
-        print(f"steps {v} / {variants[0]}: {g:.4f} (geometric mean of {len(ratios[v])} points)")
+        print(f"steps {v} / {variants[0]}: {geomean(ratios[v]):.4f} (geometric mean of "
+              f"{len(ratios[v])} points)")
+    if case_ratios[v]:
+        print(f"case times {v} / {variants[0]}: {geomean(case_ratios[v]):.4f} (geometric mean of "
+              f"{len(case_ratios[v])} cases; below 1: faster)")
 EOF
   ;;
 pack)
