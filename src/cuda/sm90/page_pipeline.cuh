@@ -70,6 +70,16 @@ __device__ __forceinline__ void mbarrier_wait(std::uint64_t* barrier, std::uint3
       "r"(parity)
       : "memory");
 }
+// Page i's place in a ring of kStages mbarrier-guarded stages: its stage, i % kStages, and the
+// parity of its phase there, (i / kStages) & 1, stepped page by page instead of divided out.
+template <int kStages>
+struct RingPosition {
+  int stage = 0;
+  std::uint32_t phase = 0;
+  __device__ __forceinline__ void next() {
+    if (++stage == kStages) stage = 0, phase ^= 1u;
+  }
+};
 // Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) from global to shared memory
 // through the TMA unit; completion is counted on `barrier` as transaction bytes.
 __device__ __forceinline__ void bulk_copy_to_shared(void* smem, const void* global,

@@ -145,16 +145,8 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   std::uint64_t* v_empty = v_ready + T::kVStages;
   auto* marked = reinterpret_cast<std::uint32_t*>(v_empty + T::kVStages);  // [kVStages][4]
   std::uint32_t* k_loaded = marked + T::kVStages * 4;                      // [kKStages]
-  // Entry e's stage in both rings (e % kKStages) and its phase parity ((e / kKStages) & 1),
-  // stepped along the entries by every role.
+  // Every role steps one RingPosition along the entries: entry e's stage and phase in both rings.
   static_assert(T::kKStages == T::kVStages, "one stage counter for both rings");
-  struct RingPosition {
-    int stage = 0;
-    std::uint32_t phase = 0;
-    __device__ void next() {
-      if (++stage == T::kKStages) stage = 0, phase ^= 1u;
-    }
-  };
 
   wait_for_previous_kernel();  // the planner's tiles
   const AttentionTile tile = attention_tile<T::kTokens>(p.rows, p.tile_offset);
@@ -253,7 +245,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
                       kv_head, static_cast<int>(page));
         }
       };
-      RingPosition at;
+      RingPosition<T::kKStages> at;
       for (int e = 0; e < num_entries; ++e, at.next()) {
         const std::int64_t page = entry_page(e);
         // The stage's previous entry had the other phase parity.
@@ -269,7 +261,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     // the non-finite ones and marks their keys (word k / 32 of the stage's marks).
     using Check = prefill_attention::NonFinite<Elem>;
     const int t = threadIdx.x - 32;
-    RingPosition at;
+    RingPosition<T::kKStages> at;
     for (int e = 0; e < num_entries; ++e, at.next()) {
       const int s = at.stage;
       mbarrier_wait(&v_full[s], at.phase);
@@ -346,7 +338,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     return (desc & 0xffffffff00000000ull) | (static_cast<std::uint32_t>(desc) + (bytes >> 4));
   };
   const std::uint32_t group_bits = 0xFu << (4 * c), token_bit = 1u << token;
-  RingPosition at;
+  RingPosition<T::kKStages> at;
   for (int e = 0; e < num_entries; ++e, at.next()) {
     const int stage = at.stage;
     const std::uint32_t phase = at.phase;

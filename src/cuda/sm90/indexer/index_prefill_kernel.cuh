@@ -467,10 +467,9 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
   // descriptors in uniform registers.
   const int c = __shfl_sync(0xffffffffu, wg - 1, 0), ct = threadIdx.x % 128,
             warp = __shfl_sync(0xffffffffu, ct / 32, 0), lane = ct % 32;
-  // The share's g-th page waits in stage g % kStages for phase (g / kStages) & 1: both carried
-  // across segments as 32-bit counters.
-  int stage = 0;
-  std::uint32_t phase = 0;
+  // The share's g-th page waits in stage g % kStages for phase (g / kStages) & 1, carried across
+  // segments.
+  RingPosition<T::kStages> at;
   while (segments.next()) {
     const IndexTile tile = tile_of(segments.tile);
     if constexpr (!T::kQueryInRegisters) {
@@ -490,17 +489,14 @@ __global__ void __launch_bounds__(IndexPrefillTraits<kFormat>::kThreads, 1)
     float acc[64];
     for (int b = begin; b < end; ++b) {
       const std::int32_t next_page = b + 1 < end ? consumer.table[b + 1] : -1;
-      mbarrier_wait(&full[stage], phase);
-      consumer.issue(acc, stage);
+      mbarrier_wait(&full[at.stage], at.phase);
+      consumer.issue(acc, at.stage);
       cute::warpgroup_wait<0>();
       wgmma_fence_accumulators(acc);
-      mbarrier_arrive(&empty[stage]);  // the page is read: the producer may refill its stage
+      mbarrier_arrive(&empty[at.stage]);  // the page is read: the producer may refill its stage
       consumer.store_block_max(acc, b, page);
       page = next_page;
-      if (++stage == T::kStages) {
-        stage = 0;
-        phase ^= 1u;
-      }
+      at.next();
     }
   }
   allow_next_kernel();
