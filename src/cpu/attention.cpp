@@ -12,6 +12,7 @@
 #include "src/cpu/row_codec.hpp"
 #include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/thread_pool.hpp"
+#include "src/cpu/vector_loops.hpp"
 
 namespace flashmsa::cpu {
 namespace {
@@ -41,24 +42,14 @@ inline float exp2_polynomial(float x) {
   return x < -126.0f ? 0.0f : p * scale;
 }
 
-// The element loops below are compiled for AVX-512, AVX2 and baseline x86-64 and picked at
-// run time (GCC/Clang function multiversioning), so one binary runs anywhere and fast.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define FLASHMSA_VECTOR_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define FLASHMSA_VECTOR_CLONES
-#endif
-
 // Online-softmax step for one (row, q head) over a block's scores s[0, n), of which the first
 // `limit` are causally visible: exponentiates in place (masked ones become 0) and updates the
 // running max and sum; returns the factor the accumulator must be rescaled by.
 // Non-finite scores behave as in dense FlashAttention: NaN (the max skips it) and +Inf (inf - inf)
 // make the sum NaN, which the epilogue turns into a NaN row; -Inf gives its key weight 0, and
 // a row whose scores are all -Inf so far exponentiates against 0 instead of -Inf (no NaN).
-// Reductions keep 16 independent lanes: without -ffast-math the compiler may not reorder a
-// single running max or sum, and would leave the loop scalar.
-constexpr int kLanes = 16;
+// The element loops (vector_loops.hpp) are vectorised: the reductions in kLanes lanes.
+constexpr int kLanes = kVectorLanes;
 
 FLASHMSA_VECTOR_CLONES
 float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max, float& row_sum) {

@@ -10,6 +10,7 @@
 #include "src/cpu/selection.hpp"
 #include "src/cpu/sparse_ops.hpp"
 #include "src/cpu/thread_pool.hpp"
+#include "src/cpu/vector_loops.hpp"
 
 namespace flashmsa::cpu {
 
@@ -43,8 +44,8 @@ void TopkSelector::select(const float* scores, std::int64_t nvb, std::int32_t* o
 
 namespace {
 
-constexpr std::int64_t kRowsPerTask = 16;
-constexpr std::int64_t kKeysPerTile = 4096;
+constexpr std::int64_t kRowsPerTask = 64;
+constexpr std::int64_t kKeysPerTile = 1024;  // at least: a tile is whole blocks
 
 // Dequantizes the index keys of blocks [0, num_blocks) of request r into fp32 [blocks * bs, Di];
 // blocks without a page become NaN (never read, and rank last).
@@ -73,6 +74,30 @@ std::vector<float> gather_index_keys(const IndexCacheView& cache, const RowPlan&
 }
 
 }  // namespace
+
+// The largest key is found in kVectorLanes lanes (vectorised; the order of a max does not change
+// its value); it is the value itself unless it is 0 (+0.0 or -0.0) or -1e30 (that value or NaN),
+// where the first value with that key is looked up.
+FLASHMSA_VECTOR_CLONES
+float block_rank_max(const float* row, std::int64_t n) {
+  float lanes[kVectorLanes];
+  for (float& l : lanes) l = -std::numeric_limits<float>::infinity();
+  std::int64_t c = 0;
+  for (; c + kVectorLanes <= n; c += kVectorLanes) {
+    for (int j = 0; j < kVectorLanes; ++j) {
+      const float x = row[c + j];
+      const float key = x != x ? -1e30f : x;
+      lanes[j] = lanes[j] < key ? key : lanes[j];
+    }
+  }
+  float best = lanes[0];
+  for (int j = 1; j < kVectorLanes; ++j) best = best < lanes[j] ? lanes[j] : best;
+  for (; c < n; ++c) best = best < rank_key(row[c]) ? rank_key(row[c]) : best;
+  if (best != 0.0f && best != -1e30f) return best;
+  for (c = 0; rank_key(row[c]) != best; ++c) {
+  }
+  return row[c];
+}
 
 void index_rows(const Config& config, const TensorView& index_q, const IndexCacheView& cache,
                 const RowPlan& plan, const IndexOutputs& outputs, int threads) {
@@ -131,9 +156,11 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
           std::vector<float> block =
               allocate_scratch<float>(rows * hidx * nb, "the CPU indexer's block scores");
           std::fill(block.begin(), block.end(), nan);
-          std::vector<float> s(static_cast<std::size_t>(rows * hidx * kKeysPerTile));
-          for (std::int64_t k0 = 0; k0 < nb * bs; k0 += kKeysPerTile) {
-            const std::int64_t nk = std::min(kKeysPerTile, nb * bs - k0);
+          // Tiles of whole blocks (block sizes are powers of two).
+          const std::int64_t tile_keys = std::max(kKeysPerTile, bs);
+          std::vector<float> s(static_cast<std::size_t>(rows * hidx * tile_keys));
+          for (std::int64_t k0 = 0; k0 < nb * bs; k0 += tile_keys) {
+            const std::int64_t nk = std::min(tile_keys, nb * bs - k0);
             gemm_nt(rows * hidx, nk, di, 1.0f, q.data(), di, keys.data() + k0 * di, di, 0.0f,
                     s.data(), nk);
             for (std::int64_t i = 0; i < rows; ++i) {
@@ -143,9 +170,7 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
                 const float* row = s.data() + (i * hidx + h) * nk;
                 for (std::int64_t c0 = 0; c0 < visible_keys; c0 += bs) {
                   const std::int64_t c1 = std::min(c0 + bs, visible_keys);
-                  float m = row[c0];
-                  for (std::int64_t c = c0 + 1; c < c1; ++c) m = rank_max(m, row[c]);
-                  block[(i * hidx + h) * nb + (k0 + c0) / bs] = m;
+                  block[(i * hidx + h) * nb + (k0 + c0) / bs] = block_rank_max(row + c0, c1 - c0);
                 }
               }
             }

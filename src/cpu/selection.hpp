@@ -21,6 +21,10 @@ inline float rank_max(float a, float b) {
   return rank_key(b) > rank_key(a) ? b : a;
 }
 
+// rank_max along row[0, n) (n >= 1), as one chain from row[0] would give it: the first value with
+// the largest rank_key (vectorised, indexer.cpp: a block's score from its keys' dots).
+float block_rank_max(const float* row, std::int64_t n);
+
 struct TopkSelector {
   int topk, init, local;
   TopkOrder order;

@@ -2,14 +2,17 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "flashmsa/error.hpp"
 #include "flashmsa/ops.hpp"
+#include "src/cpu/selection.hpp"
 #include "tests/cpp/index_checks.hpp"
 
 namespace flashmsa {
@@ -82,6 +85,38 @@ TEST(Indexer, NanInfTiesAndSignedZeros) {
   const IndexRun run = test::run_cpu_indexer(s, true);
   check_properties(s, run);
   check_against_oracle(s, run);
+}
+
+// The vectorised block max is rank_max applied along the row, bit for bit: rows drawn mostly
+// from the values where the rank order is subtle (NaN against -1e30 and below, +0.0 against
+// -0.0, infinities, ties), at every length across two vector widths and around a block's 128.
+TEST(Indexer, BlockMaxIsTheRankMaxChain) {
+  const float special[] = {NAN,      -1e30f,    -1e31f, 0.0f,  -0.0f,
+                           INFINITY, -INFINITY, 1.5f,   -2.0f, 1.5f};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal;
+  std::vector<int> lengths;
+  for (int n = 1; n <= 40; ++n) lengths.push_back(n);
+  for (int n : {127, 128, 129}) lengths.push_back(n);
+  int special_maxima = 0;  // rows whose answer needed the lookup of the first equal key
+  for (int n : lengths) {
+    for (int trial = 0; trial < 300; ++trial) {
+      std::vector<float> row(static_cast<std::size_t>(n));
+      const int spread = 1 + trial % 4;  // more or fewer ordinary values
+      for (float& x : row)
+        x = static_cast<int>(rng() % 4) < spread - 1 ? normal(rng) : special[rng() % 10];
+      if (trial % 5 == 0) {  // rows without a positive value: the max is a zero, -1e30 or NaN
+        for (float& x : row) x = std::isnan(x) || x <= 0.0f ? x : -x;
+      }
+      float chain = row[0];
+      for (int c = 1; c < n; ++c) chain = cpu::rank_max(chain, row[c]);
+      const float got = cpu::block_rank_max(row.data(), n);
+      special_maxima += chain == 0.0f || cpu::rank_key(chain) == -1e30f;
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(got), std::bit_cast<std::uint32_t>(chain))
+          << "length " << n << ", trial " << trial;
+    }
+  }
+  EXPECT_GT(special_maxima, 1000) << "the rows must reach the lookup path";
 }
 
 // With more candidate blocks equal than slots, the smaller ids win.
