@@ -48,16 +48,15 @@ inline float exp2_polynomial(float x) {
 // Non-finite scores behave as in dense FlashAttention: NaN (the max skips it) and +Inf (inf - inf)
 // make the sum NaN, which the epilogue turns into a NaN row; -Inf gives its key weight 0, and
 // a row whose scores are all -Inf so far exponentiates against 0 instead of -Inf (no NaN).
-// The element loops (vector_loops.hpp) are vectorised: the reductions in kLanes lanes.
-constexpr int kLanes = kVectorLanes;
+// Vectorised (vector_loops.hpp): the reductions run in kVectorLanes lanes.
 
 FLASHMSA_VECTOR_CLONES
 float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max, float& row_sum) {
-  float lanes[kLanes];
+  float lanes[kVectorLanes];
   for (float& l : lanes) l = row_max;
   std::int64_t c = 0;
-  for (; c + kLanes <= limit; c += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] = lanes[j] < s[c + j] ? s[c + j] : lanes[j];
+  for (; c + kVectorLanes <= limit; c += kVectorLanes) {
+    for (int j = 0; j < kVectorLanes; ++j) lanes[j] = lanes[j] < s[c + j] ? s[c + j] : lanes[j];
   }
   float mx = row_max;
   for (float l : lanes) mx = std::max(mx, l);
@@ -66,8 +65,8 @@ float softmax_step(float* s, std::int64_t limit, std::int64_t n, float& row_max,
   for (c = 0; c < limit; ++c) s[c] = exp2_polynomial(s[c] - ref);
   for (c = limit; c < n; ++c) s[c] = 0.0f;  // causal mask inside the block
   for (float& l : lanes) l = 0.0f;
-  for (c = 0; c + kLanes <= limit; c += kLanes) {
-    for (int j = 0; j < kLanes; ++j) lanes[j] += s[c + j];
+  for (c = 0; c + kVectorLanes <= limit; c += kVectorLanes) {
+    for (int j = 0; j < kVectorLanes; ++j) lanes[j] += s[c + j];
   }
   float sum = 0.0f;
   for (float l : lanes) sum += l;
