@@ -44,7 +44,9 @@ void TopkSelector::select(const float* scores, std::int64_t nvb, std::int32_t* o
 
 namespace {
 
-constexpr std::int64_t kRowsPerTask = 64;
+// Rows a task: up to 64 (256 query vectors a product), down to 16 where that leaves each thread
+// fewer than 4 tasks of a request.
+constexpr std::int64_t kMinRowsPerTask = 16, kMaxRowsPerTask = 64;
 constexpr std::int64_t kKeysPerTile = 1024;  // at least: a tile is whole blocks
 
 // Dequantizes the index keys of blocks [0, num_blocks) of request r into fp32 [blocks * bs, Di];
@@ -94,8 +96,8 @@ float block_rank_max(const float* row, std::int64_t n) {
   for (int j = 1; j < kVectorLanes; ++j) best = best < lanes[j] ? lanes[j] : best;
   for (; c < n; ++c) best = best < rank_key(row[c]) ? rank_key(row[c]) : best;
   if (best != 0.0f && best != -1e30f) return best;
-  for (c = 0; rank_key(row[c]) != best; ++c) {
-  }
+  c = 0;
+  while (rank_key(row[c]) != best) ++c;  // best is the key of some value
   return row[c];
 }
 
@@ -130,13 +132,16 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
     if (max_position < 0) continue;
     const std::int64_t num_blocks = plan.visible_blocks(max_position);
     const std::vector<float> keys = gather_index_keys(cache, plan, r, num_blocks, threads);
-    const std::int64_t tasks = (end - begin + kRowsPerTask - 1) / kRowsPerTask;
+    const int workers = threads > 0 ? threads : hardware_threads();
+    const std::int64_t rows_per_task =
+        std::clamp((end - begin) / (4 * std::int64_t{workers}), kMinRowsPerTask, kMaxRowsPerTask);
+    const std::int64_t tasks = (end - begin + rows_per_task - 1) / rows_per_task;
     parallel_for(
         tasks,
         [&](std::int64_t task) {
           const TopkSelector task_selector(config);  // scratch per task: tasks run in parallel
-          const std::int64_t t0 = begin + task * kRowsPerTask;
-          const std::int64_t rows = std::min(kRowsPerTask, end - t0);
+          const std::int64_t t0 = begin + task * rows_per_task;
+          const std::int64_t rows = std::min(rows_per_task, end - t0);
           std::int64_t p_max = -1;
           for (std::int64_t t = t0; t < t0 + rows; ++t) p_max = std::max(p_max, plan.position[t]);
           if (p_max < 0) return;
