@@ -124,6 +124,7 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
     }
   }
 
+  const std::int64_t workers = worker_threads(threads);
   for (std::int64_t r = 0; r < plan.num_requests(); ++r) {
     const std::int64_t begin = plan.row_begin[r], end = plan.row_end[r];
     std::int64_t max_position = -1;
@@ -132,9 +133,8 @@ void index_rows(const Config& config, const TensorView& index_q, const IndexCach
     if (max_position < 0) continue;
     const std::int64_t num_blocks = plan.visible_blocks(max_position);
     const std::vector<float> keys = gather_index_keys(cache, plan, r, num_blocks, threads);
-    const int workers = threads > 0 ? threads : hardware_threads();
     const std::int64_t rows_per_task =
-        std::clamp((end - begin) / (4 * std::int64_t{workers}), kMinRowsPerTask, kMaxRowsPerTask);
+        std::clamp((end - begin) / (4 * workers), kMinRowsPerTask, kMaxRowsPerTask);
     const std::int64_t tasks = (end - begin + rows_per_task - 1) / rows_per_task;
     parallel_for(
         tasks,

@@ -108,11 +108,14 @@ int hardware_threads() noexcept {
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
+int worker_threads(int max_threads) noexcept {
+  return max_threads > 0 ? std::min(max_threads, hardware_threads()) : hardware_threads();
+}
+
 void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& task, int max_threads) {
   if (n <= 0) return;
   static Pool pool(hardware_threads() - 1);
-  const int threads =
-      max_threads > 0 ? std::min(max_threads, hardware_threads()) : hardware_threads();
+  const int threads = worker_threads(max_threads);
   if (threads == 1 || n == 1 || inside_task || pool.size() == 0) {
     for (std::int64_t i = 0; i < n; ++i) task(i);
     return;

@@ -14,5 +14,7 @@ void parallel_for(std::int64_t n, const std::function<void(std::int64_t)>& task,
                   int max_threads = 0);
 
 int hardware_threads() noexcept;
+// The threads parallel_for(..., max_threads) runs on (0: all).
+int worker_threads(int max_threads) noexcept;
 
 }  // namespace flashmsa::cpu
