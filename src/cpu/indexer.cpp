@@ -87,8 +87,7 @@ float block_rank_max(const float* row, std::int64_t n) {
   std::int64_t c = 0;
   for (; c + kVectorLanes <= n; c += kVectorLanes) {
     for (int j = 0; j < kVectorLanes; ++j) {
-      const float x = row[c + j];
-      const float key = x != x ? -1e30f : x;
+      const float key = rank_key(row[c + j]);
       lanes[j] = lanes[j] < key ? key : lanes[j];
     }
   }

@@ -4,7 +4,6 @@
 //   (so -0.0 == +0.0); forced blocks get 1e30 (init, at the head) and 1e29 (local, at the tail).
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -12,8 +11,9 @@
 
 namespace flashmsa::cpu {
 
+// (s != s: NaN, written as a compare so that loops over it vectorise.)
 inline float rank_key(float s) {
-  return std::isnan(s) ? -1e30f : s;
+  return s != s ? -1e30f : s;
 }
 
 // The larger of two scores under rank_key, keeping the winner's raw value.
