@@ -11,6 +11,9 @@
 //            NVFP4 speculative decode tile of docs/performance.md)
 //   convert  in-register widening of fp8 and NVFP4 codes (src/cuda/sm90/convert.cuh), elements
 //            per clock per SM, against what streaming the cache at the HBM limit needs
+//   gather   the sparse prefill attention's key-stationary schedule: a K/V page loaded once for
+//            several gathered groups of 4 tokens, each group's single-page attention and its
+//            partial output stored (the rate a gather kernel could reach whatever the selections)
 // Usage: flashmsa_hopper_microbench [--json FILE] [--only SECTION]
 #include <cuda_runtime.h>
 
@@ -30,8 +33,10 @@
 #include <nlohmann/json.hpp>
 
 #include "flashmsa/error.hpp"
+#include "src/cuda/sm90/attention/prefill_attention_kernel.cuh"
 #include "src/cuda/sm90/convert.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
+#include "src/cuda/sm90/wgmma.cuh"
 
 namespace {
 
@@ -915,6 +920,310 @@ void bench_convert(const std::uint8_t* random, std::uint32_t* sink) {
       "NVFP4 E2M1 -> bf16x2, pairs (j, j+4) shifted + mul 2^126 (k order permuted)", 8, "nvfp4");
 }
 
+// ---- Key-stationary sparse prefill attention (a gather schedule) ----
+
+// A work item is one K/V page of a kv head (its K plane, then its V plane: 128 keys of two 64-dim
+// halves of 128-byte swizzled rows, as the prefill attention's TMA lays them out) and kGroups
+// groups of 4 tokens that selected it (4 x 16 q heads: wgmma's M of 64). Warp 0 of the producer
+// warpgroup loads the page once and gathers each group's queries (a bulk copy of each token's
+// 4 KB) into the ring of the consumer warpgroup that takes the group (groups alternate between
+// the two). A consumer computes S = Q K^T (8 x m64n128k16, both operands from shared memory),
+// the softmax of this page alone (row max, exp2, row sum: nothing to rescale), O = P V (8 x
+// m64n128k16, P from registers) and stores the group's partial: O / l (bf16 or fp32) and each
+// row's (max, sum), which a combine pass would merge with the token's other pages' partials (not
+// timed here; it reads what this writes). Partials::kNone stores nothing (the cost of the
+// stores, by difference). The page's causal mask and the V rows' non-finite check are left out
+// (one page in 16 of a long row, and once a page for all its groups). The values mean nothing
+// (arbitrary finite data); the work, the loads and the stores are the schedule's. Useful rate:
+// 4 x 128 x 128 FLOPs a (query head, page) pair.
+namespace gather {
+enum class Partials { kNone, kBf16, kFp32 };
+constexpr int kPageBytes = 65536, kGroupBytes = 16384, kStages = 2;
+constexpr int kSmemBytes = 1024 + kStages * kPageBytes + 2 * kStages * kGroupBytes + 256;
+}  // namespace gather
+
+template <int kGroups, gather::Partials kPartials>
+__global__ void __launch_bounds__(384, 1)
+    gather_kernel(const std::uint8_t* __restrict__ pages, int num_pages,
+                  const std::uint8_t* __restrict__ queries, int num_tokens, void* partials,
+                  float2* stats, std::size_t partial_rows, int items, float* sink) {
+  using namespace flashmsa::cuda;
+  using namespace gather;
+  static_assert(kGroups % 2 == 0, "the two consumers take a page's groups in turn");
+  extern __shared__ std::uint8_t smem_raw[];
+  std::uint8_t* smem = smem_raw + (1024u - smem_address(smem_raw) % 1024u) % 1024u;
+  std::uint8_t* page_stages = smem;
+  std::uint8_t* q_stages = smem + kStages * kPageBytes;  // [consumer][stage]
+  auto* barriers = reinterpret_cast<std::uint64_t*>(q_stages + 2 * kStages * kGroupBytes);
+  std::uint64_t* page_full = barriers;
+  std::uint64_t* page_empty = barriers + kStages;
+  std::uint64_t* q_full = barriers + 2 * kStages;   // [consumer][stage]
+  std::uint64_t* q_empty = barriers + 4 * kStages;  // [consumer][stage]
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbarrier_init(&page_full[s], 1);
+      mbarrier_init(&page_empty[s], 8);  // a warp of each consumer's 8
+      for (int c = 0; c < 2; ++c) {
+        mbarrier_init(&q_full[c * kStages + s], 1);
+        mbarrier_init(&q_empty[c * kStages + s], 4);
+      }
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  auto mix = [](std::uint32_t x) {
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    return x ^ (x >> 16);
+  };
+  const int wg = threadIdx.x / 128, warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
+  if (wg == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (threadIdx.x != 0) return;
+    int q_count[2] = {0, 0};
+    for (int it = 0, item = blockIdx.x; item < items; ++it, item += gridDim.x) {
+      const int s = it % kStages;
+      if (it >= kStages) mbarrier_wait(&page_empty[s], ((it / kStages) & 1) ^ 1);
+      const std::uint8_t* page = pages + std::size_t(mix(item) % num_pages) * kPageBytes;
+      mbarrier_arrive_expect_tx(&page_full[s], kPageBytes);
+      for (int part = 0; part < 4; ++part) {
+        bulk_copy_to_shared(page_stages + s * kPageBytes + part * 16384, page + part * 16384, 16384,
+                            &page_full[s]);
+      }
+      for (int g = 0; g < kGroups; ++g) {
+        const int c = g % 2, n = q_count[c]++, qs = n % kStages;
+        std::uint64_t* full = &q_full[c * kStages + qs];
+        if (n >= kStages) mbarrier_wait(&q_empty[c * kStages + qs], ((n / kStages) & 1) ^ 1);
+        mbarrier_arrive_expect_tx(full, kGroupBytes);
+        for (int t = 0; t < 4; ++t) {
+          const std::uint32_t token = mix(item * 64 + g * 4 + t + 0x5bd1e995u) % num_tokens;
+          bulk_copy_to_shared(q_stages + (c * kStages + qs) * kGroupBytes + t * 4096,
+                              queries + std::size_t(token) * 4096, 4096, full);
+        }
+      }
+    }
+    return;
+  }
+  cutlass::arch::warpgroup_reg_alloc<232>();
+  const int c = wg - 1;
+  const float scale = 0.12752f;  // 1 / sqrt(128) in log2 units
+  float sum_check = 0.0f;
+  auto advance = [](std::uint64_t desc, std::uint32_t bytes) {
+    return (desc & 0xffffffff00000000ull) | (static_cast<std::uint32_t>(desc) + (bytes >> 4));
+  };
+  int n = 0;
+  for (int it = 0, item = blockIdx.x; item < items; ++it, item += gridDim.x) {
+    const int s = it % kStages;
+    mbarrier_wait(&page_full[s], (it / kStages) & 1);
+    const std::uint64_t k_desc = sw128_descriptor(page_stages + s * kPageBytes);
+    const std::uint64_t v_desc =
+        sw128_mn_descriptor(page_stages + s * kPageBytes + kPageBytes / 2, 128 * 128);
+    // Group n's S = Q K^T into acc (issued and committed, not waited for).
+    auto issue_s = [&](float(&acc)[64], int n) {
+      const int qs = n % kStages;
+      mbarrier_wait(&q_full[c * kStages + qs], (n / kStages) & 1);
+      const std::uint64_t q_desc = sw128_descriptor(q_stages + (c * kStages + qs) * kGroupBytes);
+      wgmma_fence_accumulators(acc);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int ks = 0; ks < 8; ++ks) {
+        const int half = ks / 4, offset = (ks % 4) * 32;
+        wgmma_64x128x16_bf16(advance(q_desc, half * 8192 + offset),
+                             advance(k_desc, half * 16384 + offset), acc, ks > 0);
+      }
+      cute::warpgroup_commit_batch();
+    };
+    // Once group n's S has landed: its query stage back to the producer.
+    auto release_q = [&](float(&acc)[64], int n) {
+      wgmma_fence_accumulators(acc);
+      __syncwarp();
+      if (lane == 0) mbarrier_arrive(&q_empty[c * kStages + n % kStages]);
+    };
+    // Group g's softmax of this page, O = P V (waited for, with every wgmma issued before it) and
+    // its partial.
+    auto finish = [&](float(&acc)[64], int g) {
+      // The page's softmax (log2 units, the scale folded into the exponent's FFMA); each row's
+      // max and sum as trees over the thread's 32 values, then over the quad.
+      float t[2][8], row_max[2], row_sum[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          t[h][j] = fmaxf(fmaxf(acc[8 * j + 2 * h], acc[8 * j + 2 * h + 1]),
+                          fmaxf(acc[8 * j + 4 + 2 * h], acc[8 * j + 5 + 2 * h]));
+        }
+#pragma unroll
+        for (int w = 4; w >= 1; w /= 2) {
+#pragma unroll
+          for (int j = 0; j < w; ++j) t[h][j] = fmaxf(t[h][j], t[h][j + w]);
+        }
+        float mx = t[h][0];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        row_max[h] = mx * scale;
+      }
+#pragma unroll
+      for (int j = 0; j < 16; ++j) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -row_max[i / 2]));
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          t[h][j] = (acc[8 * j + 2 * h] + acc[8 * j + 2 * h + 1]) +
+                    (acc[8 * j + 4 + 2 * h] + acc[8 * j + 5 + 2 * h]);
+        }
+#pragma unroll
+        for (int w = 4; w >= 1; w /= 2) {
+#pragma unroll
+          for (int j = 0; j < w; ++j) t[h][j] += t[h][j + w];
+        }
+        float l = t[h][0];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        row_sum[h] = l;
+      }
+      std::uint32_t pf[8][4];
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          pf[kk][i] = pack2<__nv_bfloat16>(acc[8 * kk + 2 * i], acc[8 * kk + 2 * i + 1]);
+      }
+      float o[64];
+#pragma unroll
+      for (float& x : o) x = 0.0f;
+      wgmma_fence_accumulators(o);
+      cute::warpgroup_arrive();
+#pragma unroll
+      for (int kk = 0; kk < 8; ++kk) {
+        wgmma_64x128x16_rs_accumulate<__nv_bfloat16>(pf[kk], advance(v_desc, kk * 16 * 128), o);
+      }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      wgmma_fence_accumulators(o);
+      // The partial: O / l of the group's 64 rows, and each row's (max, sum).
+      const std::size_t group_row =
+          (std::size_t(item) * kGroups + g) * 64 % partial_rows + 16 * warp + lane / 4;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float inv = 1.0f / row_sum[h];
+        const std::size_t row = group_row + 8 * h;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) {
+          const std::size_t at = row * 128 + 8 * j + 2 * (lane % 4);
+          const float x = o[4 * j + 2 * h] * inv, y = o[4 * j + 2 * h + 1] * inv;
+          if constexpr (kPartials == Partials::kFp32) {
+            *reinterpret_cast<float2*>(static_cast<float*>(partials) + at) = make_float2(x, y);
+          } else if constexpr (kPartials == Partials::kBf16) {
+            *reinterpret_cast<std::uint32_t*>(static_cast<__nv_bfloat16*>(partials) + at) =
+                pack2<__nv_bfloat16>(x, y);
+          }
+        }
+        if (kPartials != Partials::kNone && lane % 4 == 0) {
+          stats[row] = make_float2(row_max[h], row_sum[h]);
+        }
+      }
+      sum_check += o[0] * row_sum[0] + o[63] * row_sum[1];
+    };
+    constexpr int kMine = kGroups / 2;  // this consumer's groups of the page: c, c + 2, ...
+#pragma unroll 1
+    for (int i = 0; i < kMine; ++i) {
+      float acc[64];
+      issue_s(acc, n + i);
+      cute::warpgroup_wait<0>();
+      release_q(acc, n + i);
+      finish(acc, c + 2 * i);
+    }
+    n += kMine;
+    __syncwarp();
+    if (lane == 0) mbarrier_arrive(&page_empty[s]);  // 4 warps a consumer, both consumers
+  }
+  if (sum_check == 1.2345f) sink[0] = sum_check;
+}
+
+__global__ void fill_finite_bf16_kernel(std::uint32_t* p, std::size_t words) {
+  for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    const std::uint32_t h = static_cast<std::uint32_t>((i + 1) * 0x9E3779B97F4A7C15ull >> 32);
+    // Two bf16 values of magnitude in [2^-4, 2): exponents 123..127, any sign and mantissa.
+    auto value = [](std::uint32_t x) { return (x & 0x807fu) | ((123u + (x >> 8) % 5) << 7); };
+    p[i] = value(h & 0xffffu) | value(h >> 16) << 16;
+  }
+}
+
+template <int kGroups, gather::Partials kPartials>
+void gather_case(const std::uint8_t* pages, int num_pages, const std::uint8_t* queries,
+                 int num_tokens, void* partials, float2* stats, std::size_t partial_rows,
+                 float* sink) {
+  using gather::Partials;
+  auto kernel = gather_kernel<kGroups, kPartials>;
+  set_smem(kernel, gather::kSmemBytes);
+  const int items = g_sms * 1024 / kGroups;  // 1024 groups an SM
+  const double us = time_us(
+      [&] {
+        kernel<<<g_sms, 384, gather::kSmemBytes>>>(pages, num_pages, queries, num_tokens, partials,
+                                                   stats, partial_rows, items, sink);
+      },
+      3);
+  const double flops = 4.0 * 128 * 128 * 64 * kGroups * double(items);
+  const int value_bytes = kPartials == Partials::kFp32 ? 4 : kPartials == Partials::kBf16 ? 2 : 0;
+  const double partial_bytes =
+      double(items) * kGroups * 64 * (128 * value_bytes + (value_bytes > 0 ? 8 : 0));
+  const char* stored = kPartials == Partials::kFp32   ? "fp32 partials"
+                       : kPartials == Partials::kBf16 ? "bf16 partials"
+                                                      : "no partials stored";
+  const bool in_l2 = num_pages * double(gather::kPageBytes) < 40e6;
+  record("gather",
+         "page once for " + std::to_string(kGroups) + " groups of 4 tokens, " + stored + ", " +
+             std::to_string(num_pages) + " pages" + (in_l2 ? " (in L2)" : ""),
+         flops / us * 1e-6, "TFLOP/s",
+         {{"groups", kGroups},
+          {"partials", stored},
+          {"pages", num_pages},
+          {"pages_in_l2", in_l2},
+          {"partial_write_tb_per_s", partial_bytes / us * 1e-6}});
+}
+
+void bench_gather(float* sink) {
+  // 1024 pages (one kv head's 64 MB of K/V at 128K: read from HBM, as a long prefill's are) and
+  // 32K tokens of queries; 256 MB of partials rewritten in turn (well past the L2).
+  const int num_pages = 1024, num_tokens = 32768;
+  const std::size_t partial_rows = std::size_t(1) << 19;  // 256 MB of fp32 rows
+  std::uint8_t *pages, *queries;
+  void* partials;
+  float2* stats;
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&pages, std::size_t(num_pages) * gather::kPageBytes));
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&queries, std::size_t(num_tokens) * 4096));
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&partials, partial_rows * 128 * 4));
+  FLASHMSA_CHECK_CUDA(cudaMalloc(&stats, partial_rows * sizeof(float2)));
+  fill_finite_bf16_kernel<<<g_sms * 8, 256>>>(reinterpret_cast<std::uint32_t*>(pages),
+                                              std::size_t(num_pages) * gather::kPageBytes / 4);
+  fill_finite_bf16_kernel<<<g_sms * 8, 256>>>(reinterpret_cast<std::uint32_t*>(queries),
+                                              std::size_t(num_tokens) * 4096 / 4);
+  FLASHMSA_CHECK_CUDA(cudaGetLastError());
+  auto run = [&](auto kernel_case, int pages_used) {
+    kernel_case(pages, pages_used, queries, num_tokens, partials, stats, partial_rows, sink);
+  };
+  using gather::Partials;
+  run(gather_case<2, Partials::kBf16>, num_pages);
+  run(gather_case<2, Partials::kBf16>, 256);
+  run(gather_case<4, Partials::kBf16>, num_pages);
+  run(gather_case<8, Partials::kBf16>, num_pages);
+  run(gather_case<16, Partials::kBf16>, num_pages);
+  run(gather_case<16, Partials::kFp32>, num_pages);
+  run(gather_case<16, Partials::kNone>, num_pages);
+  FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
+  FLASHMSA_CHECK_CUDA(cudaFree(pages));
+  FLASHMSA_CHECK_CUDA(cudaFree(queries));
+  FLASHMSA_CHECK_CUDA(cudaFree(partials));
+  FLASHMSA_CHECK_CUDA(cudaFree(stats));
+}
+
 __global__ void fill_random_kernel(std::uint32_t* p, std::size_t n) {
   for (std::size_t i = std::size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
@@ -935,7 +1244,7 @@ int run(int argc, char** argv) {
     if ((a == "--json" || a == "--only") && i + 1 < argc) {
       (a == "--json" ? json_path : only) = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--json FILE] [--only l2|hbm|launch|wgmma|convert]\n",
+      std::fprintf(stderr, "usage: %s [--json FILE] [--only l2|hbm|launch|wgmma|convert|gather]\n",
                    argv[0]);
       return 2;
     }
@@ -968,6 +1277,7 @@ int run(int argc, char** argv) {
     bench_wgmma_rs_nvfp4(reinterpret_cast<float*>(sink));
   }
   if (want("convert")) bench_convert(buffer, sink);
+  if (want("gather")) bench_gather(reinterpret_cast<float*>(sink));
   FLASHMSA_CHECK_CUDA(cudaDeviceSynchronize());
   if (!json_path.empty()) {
     nlohmann::json doc = {
