@@ -89,18 +89,18 @@ std::optional<CUtensorMap> query_tensor_map(const void* q, std::int64_t rows, in
   return map;
 }
 
-std::optional<CUtensorMap> partial_tensor_map(std::uint16_t* rows_data, std::int64_t rows) {
+std::optional<CUtensorMap> partial_tensor_map(float* rows_data, std::int64_t rows) {
   const EncodeTiled encode = encode_tiled();
   if (!encode || rows < 1 || reinterpret_cast<std::uintptr_t>(rows_data) % 16 != 0) {
     return std::nullopt;
   }
   const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {256};
-  const cuuint32_t box[2] = {64, 16};
+  const cuuint64_t strides[1] = {512};
+  const cuuint32_t box[2] = {32, 16};
   const cuuint32_t element_strides[2] = {1, 1};
   CUtensorMap map{};
   const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 2, rows_data, dims, strides, box,
+      encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, rows_data, dims, strides, box,
              element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
              CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return std::nullopt;

@@ -30,6 +30,6 @@ std::optional<CUtensorMap> query_tensor_map(const void* q, std::int64_t rows, in
 
 // Rows of 128 fp32 values (contiguous, rows 512 bytes apart) written from shared memory in boxes
 // of 32 values x 16 rows, 128-byte swizzled. nullopt as above.
-std::optional<CUtensorMap> partial_tensor_map(std::uint16_t* rows_data, std::int64_t rows);
+std::optional<CUtensorMap> partial_tensor_map(float* rows_data, std::int64_t rows);
 
 }  // namespace flashmsa::cuda

@@ -72,7 +72,7 @@ void launch_gather_attention(const AttentionParams& p, const KvCacheView& kv, cu
   g.list = reinterpret_cast<std::int32_t*>(take(4 * slots));
   void* scan_temp = take(scan_bytes);
   g.partial_ml = reinterpret_cast<float2*>(take(8 * 16 * slots));
-  g.partial_o = reinterpret_cast<std::uint16_t*>(take(256 * 16 * slots));
+  g.partial_o = reinterpret_cast<float*>(take(512 * 16 * slots));
   const auto o_map = partial_tensor_map(g.partial_o, 16 * slots);
   FLASHMSA_CHECK_SUPPORTED(o_map.has_value(), "the CUDA driver cannot describe the partials");
   g.o_map = *o_map;

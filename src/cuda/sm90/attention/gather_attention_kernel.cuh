@@ -79,7 +79,7 @@ struct GatherParams {
   std::int32_t* chunks = nullptr;        // [buckets] work items a list
   std::int32_t* chunk_offset = nullptr;  // [buckets + 1] exclusive scan of chunks
   std::int32_t* list = nullptr;          // [entries] pack_entry(), list by list
-  std::uint16_t* partial_o = nullptr;    // [rows, kv_heads, width, 16, 128] unnormalised O
+  float* partial_o = nullptr;            // [rows, kv_heads, width, 16, 128] unnormalised O
   float2* partial_ml = nullptr;          // [rows, kv_heads, width, 16] (max, sum), log2 units
 };
 
@@ -433,9 +433,10 @@ __global__ void __launch_bounds__(GatherAttentionTraits::kThreads, 1)
         const int r = lane / 4 + 8 * h;
 #pragma unroll
         for (int j = 0; j < 16; ++j) {
-          *reinterpret_cast<std::uint32_t*>(mine + (j / 8) * 2048 + r * 128 +
-                                            (((j % 8) ^ (r & 7)) << 4) + (lane % 4) * 4) =
-              pack2<__nv_bfloat16>(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
+          const int chunk = 2 * (j % 4) + (lane % 4) / 2;
+          *reinterpret_cast<float2*>(mine + (j / 4) * 2048 + r * 128 + ((chunk ^ (r & 7)) << 4) +
+                                     (lane % 2) * 8) =
+              make_float2(o[4 * j + 2 * h], o[4 * j + 2 * h + 1]);
         }
       }
       fence_proxy_async_shared();
@@ -444,8 +445,8 @@ __global__ void __launch_bounds__(GatherAttentionTraits::kThreads, 1)
         const std::int64_t first = gather_attention::partial_index(
             g, gather_attention::entry_row(entry), item.kv, gather_attention::entry_slot(entry), 0);
         if (lane == 0) {
-          for (int b = 0; b < 2; ++b) {
-            cute::SM90_TMA_STORE_2D::copy(&g.o_map, mine + b * 2048, b * 64,
+          for (int b = 0; b < 4; ++b) {
+            cute::SM90_TMA_STORE_2D::copy(&g.o_map, mine + b * 2048, b * 32,
                                           static_cast<int>(first));
           }
           cute::tma_store_arrive();
@@ -489,22 +490,21 @@ __global__ void __launch_bounds__(256)
   }
   if (m == -INFINITY) m = 0.0f;  // no key (or none but -inf scores): no NaN from -inf - -inf
   float v[32] = {}, l = 0.0f;
-#pragma unroll 4
+#pragma unroll 2
   for (int slot = 0; slot < p.topk_width; ++slot) {
     if (!(counted >> slot & 1)) continue;
     const std::int64_t at = gather_attention::partial_index(g, local, kv, slot, head);
     const float2 ml = g.partial_ml[at];
     const float w = fast_exp2(ml.x - m);
     l += ml.y * w;
-    const uint4* src = reinterpret_cast<const uint4*>(g.partial_o + at * 128 + grp * 32);
+    const float4* src = reinterpret_cast<const float4*>(g.partial_o + at * 128 + grp * 32);
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const uint4 x = src[j];
-      auto add = [&](int at, std::uint32_t word) {
-        v[at] += __uint_as_float(word << 16) * w;
-        v[at + 1] += __uint_as_float(word & 0xffff0000u) * w;
-      };
-      add(8 * j, x.x), add(8 * j + 2, x.y), add(8 * j + 4, x.z), add(8 * j + 6, x.w);
+    for (int j = 0; j < 8; ++j) {
+      const float4 x = src[j];
+      v[4 * j] += x.x * w;
+      v[4 * j + 1] += x.y * w;
+      v[4 * j + 2] += x.z * w;
+      v[4 * j + 3] += x.w * w;
     }
   }
   const attention_detail::OutputScale out = attention_detail::output_scale(l, m, p.v_scale);
