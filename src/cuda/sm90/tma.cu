@@ -67,44 +67,4 @@ std::optional<CUtensorMap> page_plane_tensor_map(const CachePlane& plane, std::i
   return map;
 }
 
-std::optional<CUtensorMap> query_tensor_map(const void* q, std::int64_t rows, int heads,
-                                            std::int64_t row_stride, std::int64_t head_stride,
-                                            int box_heads) {
-  const EncodeTiled encode = encode_tiled();
-  if (!encode || rows < 1 || heads < box_heads || reinterpret_cast<std::uintptr_t>(q) % 16 != 0 ||
-      !tma_stride(2 * row_stride) || !tma_stride(2 * head_stride)) {
-    return std::nullopt;
-  }
-  const cuuint64_t dims[3] = {128, static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(2 * head_stride),
-                                 static_cast<cuuint64_t>(2 * row_stride)};
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_heads), 1};
-  const cuuint32_t element_strides[3] = {1, 1, 1};
-  CUtensorMap map{};
-  const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, const_cast<void*>(q), dims, strides, box,
-             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return std::nullopt;
-  return map;
-}
-
-std::optional<CUtensorMap> partial_tensor_map(float* rows_data, std::int64_t rows) {
-  const EncodeTiled encode = encode_tiled();
-  if (!encode || rows < 1 || reinterpret_cast<std::uintptr_t>(rows_data) % 16 != 0) {
-    return std::nullopt;
-  }
-  const cuuint64_t dims[2] = {128, static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {512};
-  const cuuint32_t box[2] = {32, 16};
-  const cuuint32_t element_strides[2] = {1, 1};
-  CUtensorMap map{};
-  const CUresult r =
-      encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, rows_data, dims, strides, box,
-             element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-             CU_TENSOR_MAP_L2_PROMOTION_NONE, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) return std::nullopt;
-  return map;
-}
-
 }  // namespace flashmsa::cuda

@@ -21,15 +21,4 @@ std::optional<CUtensorMap> page_plane_tensor_map(const CachePlane& plane, std::i
                                                  int num_heads, int row_elements, int elem_bytes,
                                                  int box_elements);
 
-// Queries [rows, heads, 128] of 16-bit elements (row and head strides in elements, dims
-// contiguous) read in boxes of 64 dims x `box_heads` heads x 1 row, 128-byte swizzled: a row's
-// heads of one kv group as the K-major rows of a wgmma operand. nullopt as above.
-std::optional<CUtensorMap> query_tensor_map(const void* q, std::int64_t rows, int heads,
-                                            std::int64_t row_stride, std::int64_t head_stride,
-                                            int box_heads);
-
-// Rows of 128 fp32 values (contiguous, rows 512 bytes apart) written from shared memory in boxes
-// of 32 values x 16 rows, 128-byte swizzled. nullopt as above.
-std::optional<CUtensorMap> partial_tensor_map(float* rows_data, std::int64_t rows);
-
 }  // namespace flashmsa::cuda

@@ -103,16 +103,6 @@ __device__ __forceinline__ void wgmma_64x128x16_rs_accumulate(const std::uint32_
   using Mma = typename Wgmma16<Elem>::template RS<cute::SM90::GMMA::Major::MN>;
   wgmma_64x128_rs_impl<Mma>(a, b, acc, true, std::make_index_sequence<64>{});
 }
-// S = Q K^T with Q from shared memory too: A and B K-major.
-template <class Elem>
-__device__ __forceinline__ void wgmma_64x128x16_ss(std::uint64_t a, std::uint64_t b,
-                                                   float (&acc)[64], bool accumulate) {
-  using K = cute::SM90::GMMA::Major;
-  using Mma = std::conditional_t<Wgmma16<Elem>::kBf16,
-                                 cute::SM90::GMMA::MMA_64x128x16_F32BF16BF16_SS<K::K, K::K>,
-                                 cute::SM90::GMMA::MMA_64x128x16_F32F16F16_SS<K::K, K::K>>;
-  wgmma_64x128_impl<Mma>(a, b, acc, accumulate, std::make_index_sequence<64>{});
-}
 // S = Q K^T: B K-major.
 template <class Elem>
 __device__ __forceinline__ void wgmma_64x128x16_rs_kmajor(const std::uint32_t* a, std::uint64_t b,

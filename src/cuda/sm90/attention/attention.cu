@@ -14,7 +14,6 @@
 #include "src/cuda/launch.hpp"
 #include "src/cuda/sm90/attention/attention_launch.hpp"
 #include "src/cuda/sm90/attention/epilogue.cuh"
-#include "src/cuda/sm90/attention/gather_attention_launch.hpp"
 #include "src/cuda/sm90/attention/prefill_attention_launch.hpp"
 #include "src/cuda/sm90/indexer/index_topk_select.cuh"
 #include "src/cuda/sm90/indexer/indexer_host.hpp"
@@ -159,9 +158,7 @@ void run_prefill(AttentionParams p, const PrefillBatch& batch, const KvCacheView
         static_cast<unsigned>(ceil_div(p.num_rows, AttentionPrefillTraits::kRows) + num_requests),
         static_cast<unsigned>(p.num_q_heads / p.group), 1);
     // 16-bit caches on the wgmma kernel, the 8- and 4-bit ones on attention_kernel.
-    if (gather_attention_applies(p, kv.dtype, q_dtype)) {
-      launch_gather_attention(p, kv, stream);
-    } else if (kv.dtype == DType::kBf16 || kv.dtype == DType::kFp16) {
+    if (kv.dtype == DType::kBf16 || kv.dtype == DType::kFp16) {
       launch_prefill_attention(p, kv, q_dtype, grid, stream);
     } else {
       launch_attention<AttentionPrefillTraits>(p, kv.dtype, q_dtype, grid, stream);
