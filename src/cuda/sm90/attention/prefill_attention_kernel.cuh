@@ -49,7 +49,6 @@
 #include "src/cuda/sm90/attention/page_union.cuh"
 #include "src/cuda/sm90/page_pipeline.cuh"
 #include "src/cuda/sm90/scheduler/tiles.cuh"
-#include "src/cuda/sm90/warp_mma.cuh"
 #include "src/cuda/sm90/wgmma.cuh"
 
 namespace flashmsa::cuda {
@@ -71,7 +70,7 @@ struct PrefillAttentionTraits {
   static constexpr int kKStages = 3, kVStages = 3;
   static constexpr int kRingBytes = (kKStages + kVStages) * kPlaneBytes;
   static constexpr int kMaxTopk = 64;
-  static constexpr int kMaxUnion = 2 * kTokens * kMaxTopk;  // a pair's union
+  static constexpr int kMaxUnion = kTokens * kMaxTopk;
   static constexpr int kWindow = 2048;            // blocks marked a pass of the union build
   static constexpr int kStagingStride = 128 + 4;  // floats an epilogue row (4 of padding: banks)
   static constexpr int kUnionBytes = kMaxUnion * 12;
@@ -124,56 +123,6 @@ __device__ __forceinline__ void reduce_rows(float (&t)[2][16], Op op) {
   t[0][0] = op(t[0][0], t[0][1]), t[1][0] = op(t[1][0], t[1][1]);
 }
 
-// Byte offset of 16-byte chunk `chunk` (of 16: 8 dims each) of key `key` in a page's plane as
-// the TMA loads it: two halves of 64 dims, 128-byte rows, chunk c of row r stored at c ^ (r % 8)
-// of its half (the 128-byte swizzle; a stage is 1024-byte aligned).
-__device__ __forceinline__ int plane_chunk(int key, int chunk) {
-  return (chunk / 8) * (128 * 128) + key * 128 + ((chunk % 8) ^ (key % 8)) * 16;
-}
-
-// One warp's S = Q K^T (its token's 16 heads x the page's 128 keys) on mma.sync: qf holds the
-// rows as wgmma's A fragments, which are m16n8k16's; acc comes out in the layout the warp's rows
-// of the m64n128 wgmma give (n tile j in acc[4 j .. 4 j + 3]).
-template <class Elem>
-__device__ __forceinline__ void warp_scores(float (&acc)[64], const std::uint32_t (&qf)[8][4],
-                                            const std::byte* k_plane, int lane) {
-  auto& tiles = reinterpret_cast<float(&)[16][4]>(acc);
-#pragma unroll
-  for (float& x : acc) x = 0.0f;
-#pragma unroll
-  for (int ks = 0; ks < 8; ++ks) {
-#pragma unroll
-    for (int np = 0; np < 8; ++np) {
-      // Matrices: keys [16 np, + 8) and [+ 8, + 16) x dims [16 ks, + 8) and [+ 8, + 16).
-      std::uint32_t b[4];
-      ldmatrix_x4(b, k_plane + plane_chunk(16 * np + (lane & 7) + ((lane >> 4) << 3),
-                                           2 * ks + ((lane >> 3) & 1)));
-      mma<Elem>(tiles[2 * np], qf[ks], b[0], b[1]);
-      mma<Elem>(tiles[2 * np + 1], qf[ks], b[2], b[3]);
-    }
-  }
-}
-
-// One warp's O += P V on mma.sync, V read transposed from its stage (P as S's rows packed into
-// A fragments; o in the wgmma accumulator layout, dims [8 j, 8 j + 8) in o[4 j .. 4 j + 3]).
-template <class Elem>
-__device__ __forceinline__ void warp_pv(float (&o)[64], const std::uint32_t (&pf)[8][4],
-                                        const std::byte* v_plane, int lane) {
-  auto& tiles = reinterpret_cast<float(&)[16][4]>(o);
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-#pragma unroll
-    for (int dp = 0; dp < 8; ++dp) {
-      // Matrices: keys [16 kk, + 8) and [+ 8, + 16) x dims [16 dp, + 8) and [+ 8, + 16).
-      std::uint32_t b[4];
-      ldmatrix_x4_trans(b, v_plane + plane_chunk(16 * kk + (lane & 7) + (((lane >> 3) & 1) << 3),
-                                                 2 * dp + (lane >> 4)));
-      mma<Elem>(tiles[2 * dp], pf[kk], b[0], b[1]);
-      mma<Elem>(tiles[2 * dp + 1], pf[kk], b[2], b[3]);
-    }
-  }
-}
-
 }  // namespace prefill_attention
 
 // Elem: the cache's and the MMA's type; QElem: q's (converted to Elem on load where it differs).
@@ -216,7 +165,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   const cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
   const std::uint32_t rank = cluster.block_rank(), peer = rank ^ 1u;
   AttentionTile peer_tile;
-  if (cluster.num_blocks() == 2)
+  if (!listed && cluster.num_blocks() == 2)
     peer_tile = attention_tile<T::kTokens>(p.rows, p.tile_offset, blockIdx.x ^ 1u);
   const bool paired = peer_tile.request == tile.request;  // tile.request >= 0 here
   const std::int64_t pair_blocks =
@@ -239,22 +188,15 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   // ---- The pages: the union of the tile's selections, or (dense) every visible block.
   int num_entries;
   if (listed) {
-    // Paired, the union of both tiles' rows (the peer's as bits 8-15), the same entries in both
-    // CTAs; each CTA's tokens are bits 0-7 of its masks.
     auto selected_block = [&](int i, int j) -> std::int64_t {
-      const bool own = i < T::kTokens;
-      const int r = i % T::kTokens;
-      if (r >= (own ? tile.rows : peer_tile.rows)) return -1;
-      const std::int64_t row = (own ? tile.row : peer_tile.row) + r;
-      const std::int64_t b =
-          p.topk[kv_head * p.topk_stride[0] + row * p.topk_stride[1] + j * p.topk_stride[2]];
-      const std::int64_t pos = own ? tile.position(r) : peer_tile.position(r);
+      const std::int64_t b = p.topk[kv_head * p.topk_stride[0] + (tile.row + i) * p.topk_stride[1] +
+                                    j * p.topk_stride[2]];
+      const std::int64_t pos = tile.position(i);
       return pos >= 0 && b >= 0 && b <= pos / 128 && page_of(b) >= 0 ? b : -1;
     };
-    num_entries = build_page_union<T::kThreads, T::kWindow>(
-        paired ? 2 * T::kTokens : tile.rows, p.topk_width, pair_blocks, selected_block, page_of,
-        stages, union_block, union_page, union_mask);
-    if (paired) cluster.sync();  // both CTAs' barriers, both unions built (their scratch: the ring)
+    num_entries = build_page_union<T::kThreads, T::kWindow>(tile.rows, p.topk_width, tile_blocks,
+                                                            selected_block, page_of, stages,
+                                                            union_block, union_page, union_mask);
   } else if (paired) {
     num_entries = static_cast<int>(pair_blocks);  // entry i is block i
     cluster.sync();                               // both CTAs' barriers
@@ -268,7 +210,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
   // positions are consecutive, so token i sees block e iff pos + i >= 128 e, where the block has
   // a page (the producer's flag).
   auto entry_mask = [&](int e, int stage) -> std::uint32_t {
-    if (listed) return union_mask[e] & 0xFFu;
+    if (listed) return union_mask[e];
     if (k_loaded[stage] == 0 || tile.padding) return 0u;
     const std::int64_t first = std::int64_t{e} * 128 - tile.pos;  // the first token that sees it
     if (first >= tile.rows) return 0u;
@@ -405,16 +347,9 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     // next V plane comes only after both consumers released the stage, so after its scan).
     mbarrier_wait(&k_full[stage], phase);
     const std::uint32_t mask = entry_mask(e, stage);
-    const std::uint32_t ours = mask & group_bits;  // the warpgroup's tokens that read it
-    // One token of the warpgroup: its warp computes the page alone on mma.sync (a quarter of the
-    // m64 tile's MMAs, no other warp held); two or more: the warpgroup on wgmma.
-    const bool solo = (ours & (ours - 1)) == 0;
-    const bool selected = (mask & token_bit) != 0;  // warp-uniform
-    const bool mine = solo ? selected : ours != 0;  // this warp computes the page
+    const bool mine = (mask & group_bits) != 0;  // any of the warpgroup's tokens
     float acc[64];
-    if (mine && solo) {
-      prefill_attention::warp_scores<Elem>(acc, qf, stages + stage * T::kPlaneBytes, lane);
-    } else if (mine) {
+    if (mine) {
       // ---- S = Q K^T
       const std::uint64_t k_desc = advance(k_desc0, stage * T::kPlaneBytes);
       wgmma_fence_accumulators(acc);
@@ -433,6 +368,7 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
     if (paired && lane == 0) mbarrier_arrive_cluster(&k_empty[stage], peer);
     if (mine) {
       // ---- The online softmax of the token's rows (lane / 4 and 8 below), or P = 0.
+      const bool selected = (mask & token_bit) != 0;  // warp-uniform
       // Keys 0 .. last_key of the page are the token's (a selected block is visible).
       const std::int64_t rel = my_pos - entry_block(e) * 128;
       const int last_key = rel > 127 ? 127 : static_cast<int>(rel);
@@ -525,20 +461,16 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
           poisoned |= (marked[stage * 4 + w] & visible) != 0;
         }
       }
-      if (solo) {
-        prefill_attention::warp_pv<Elem>(o, pf, v_stages + stage * T::kPlaneBytes, lane);
-      } else {
-        const std::uint64_t v_desc = advance(v_desc0, stage * T::kPlaneBytes);
-        wgmma_fence_accumulators(o);
-        cute::warpgroup_arrive();
+      const std::uint64_t v_desc = advance(v_desc0, stage * T::kPlaneBytes);
+      wgmma_fence_accumulators(o);
+      cute::warpgroup_arrive();
 #pragma unroll
-        for (int kk = 0; kk < 8; ++kk) {
-          wgmma_64x128x16_rs_accumulate<Elem>(pf[kk], advance(v_desc, kk * 16 * 128), o);
-        }
-        cute::warpgroup_commit_batch();
-        cute::warpgroup_wait<0>();
-        wgmma_fence_accumulators(o);
+      for (int kk = 0; kk < 8; ++kk) {
+        wgmma_64x128x16_rs_accumulate<Elem>(pf[kk], advance(v_desc, kk * 16 * 128), o);
       }
+      cute::warpgroup_commit_batch();
+      cute::warpgroup_wait<0>();
+      wgmma_fence_accumulators(o);
     } else {
       // Nothing to read: the scan's end implies the plane's landing.
       mbarrier_wait(&v_ready[stage], phase);
@@ -596,9 +528,10 @@ void launch_prefill_attention_kernel(const PrefillAttentionParams& p, dim3 grid,
                                      cudaStream_t stream) {
   // Dense: clusters of two neighbouring tiles (an even grid: a CTA past the last tile leaves at
   // once). Sparse pairs share fewer pages, and clusters cost their scheduling (2-3% measured).
+  const bool dense = p.p.topk == nullptr;
   launch_dependent_cluster_kernel(prefill_attention_kernel<Elem, QElem>,
-                                  dim3(grid.x + grid.x % 2, grid.y, grid.z),
-                                  dim3(2, 1, 1), PrefillAttentionTraits::kThreads,
+                                  dim3(grid.x + (dense ? grid.x % 2 : 0), grid.y, grid.z),
+                                  dim3(dense ? 2 : 1, 1, 1), PrefillAttentionTraits::kThreads,
                                   PrefillAttentionTraits::kSmemBytes, stream, p);
 }
 
