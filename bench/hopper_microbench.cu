@@ -839,6 +839,7 @@ enum class Widen {
   kE5m2Bf16Bits,
   kNvfp4F16Lut,
   kNvfp4F16ScaledShift,
+  kNvfp4F16ScaledBytes,
   kNvfp4Bf16PairShift
 };
 
@@ -874,6 +875,8 @@ __global__ void __launch_bounds__(256)
           cv::e2m1x8_to_f16x2_lut(c[j], o);
         } else if constexpr (kWiden == Widen::kNvfp4F16ScaledShift) {
           cv::e2m1x8_to_f16x2_scaled_shift(c[j], o);
+        } else if constexpr (kWiden == Widen::kNvfp4F16ScaledBytes) {
+          cv::e2m1x8_to_f16x2_scaled_bytes(c[j], o);
         } else {
           o[0] = cv::e2m1_pair_to_bf16x2<0>(c[j]), o[1] = cv::e2m1_pair_to_bf16x2<1>(c[j]);
           o[2] = cv::e2m1_pair_to_bf16x2<2>(c[j]), o[3] = cv::e2m1_pair_to_bf16x2<3>(c[j]);
@@ -916,6 +919,9 @@ void bench_convert(const std::uint8_t* random, std::uint32_t* sink) {
   run(convert_kernel<Widen::kNvfp4F16Lut>, "NVFP4 E2M1 -> f16x2, prmt lookup + signs", 8, "nvfp4");
   run(convert_kernel<Widen::kNvfp4F16ScaledShift>,
       "NVFP4 E2M1 -> f16x2 * 2^-14, shifts (k order permuted)", 8, "nvfp4");
+  run(convert_kernel<Widen::kNvfp4F16ScaledBytes>,
+      "NVFP4 E2M1 -> f16x2 * 2^-14, high bytes built in place + prmt (k order permuted)", 8,
+      "nvfp4");
   run(convert_kernel<Widen::kNvfp4Bf16PairShift>,
       "NVFP4 E2M1 -> bf16x2, pairs (j, j+4) shifted + mul 2^126 (k order permuted)", 8, "nvfp4");
 }
@@ -1045,20 +1051,16 @@ __global__ void __launch_bounds__(384, 1)
     // its partial.
     auto finish = [&](float(&acc)[64], int g) {
       // The page's softmax (log2 units, the scale folded into the exponent's FFMA); each row's
-      // max and sum as trees over the thread's 32 values, then over the quad.
-      float t[2][8], row_max[2], row_sum[2];
+      // max and sum as the prefill attention reduces them (reduce_rows), then over the quad.
+      float t[2][16], row_max[2], row_sum[2];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          t[h][j] = fmaxf(fmaxf(acc[8 * j + 2 * h], acc[8 * j + 2 * h + 1]),
-                          fmaxf(acc[8 * j + 4 + 2 * h], acc[8 * j + 5 + 2 * h]));
-        }
+        for (int j = 0; j < 16; ++j) t[h][j] = fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+      prefill_attention::reduce_rows(t, [](float a, float b) { return fmaxf(a, b); });
 #pragma unroll
-        for (int w = 4; w >= 1; w /= 2) {
-#pragma unroll
-          for (int j = 0; j < w; ++j) t[h][j] = fmaxf(t[h][j], t[h][j + w]);
-        }
+      for (int h = 0; h < 2; ++h) {
         float mx = t[h][0];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
@@ -1073,15 +1075,11 @@ __global__ void __launch_bounds__(384, 1)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) {
-          t[h][j] = (acc[8 * j + 2 * h] + acc[8 * j + 2 * h + 1]) +
-                    (acc[8 * j + 4 + 2 * h] + acc[8 * j + 5 + 2 * h]);
-        }
+        for (int j = 0; j < 16; ++j) t[h][j] = acc[4 * j + 2 * h] + acc[4 * j + 2 * h + 1];
+      }
+      prefill_attention::reduce_rows(t, [](float a, float b) { return a + b; });
 #pragma unroll
-        for (int w = 4; w >= 1; w /= 2) {
-#pragma unroll
-          for (int j = 0; j < w; ++j) t[h][j] += t[h][j + w];
-        }
+      for (int h = 0; h < 2; ++h) {
         float l = t[h][0];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);

@@ -139,6 +139,21 @@ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_shift(std::uint32_t codes
   }
 }
 
+// The same four f16x2, element order and 2^-14 as e2m1x8_to_f16x2_scaled_shift, by building each
+// code's f16 high byte inside its own byte (sign to bit 7, exponent and mantissa to bits 3..1:
+// three logic ops for the high nibbles, four for the low ones) and moving bytes into the halves'
+// high bytes: 11 instructions for 8 codes against the shifts' 18. An f16 high byte holds a whole
+// code; a bf16 one does not (its exponent's low bit is in the low byte).
+__device__ __forceinline__ void e2m1x8_to_f16x2_scaled_bytes(std::uint32_t codes,
+                                                             std::uint32_t (&out)[4]) {
+  const std::uint32_t odd = (codes & 0x80808080u) | ((codes >> 3) & 0x0E0E0E0Eu);
+  const std::uint32_t even = ((codes << 4) & 0x80808080u) | ((codes << 1) & 0x0E0E0E0Eu);
+  out[0] = prmt(even, 0, 0x1404u);  // elements 0, 2
+  out[1] = prmt(odd, 0, 0x1404u);   // 1, 3
+  out[2] = prmt(even, 0, 0x3424u);  // 4, 6
+  out[3] = prmt(odd, 0, 0x3424u);   // 5, 7
+}
+
 // Codes j and j + 4 of a word (j = 0..3: one from each 16-bit half, at the same offset) to the
 // bf16x2 of their values, by moving bits: each code's exponent and mantissa land in bits 8..6 and
 // its sign in bit 15 of its half, which reads as value * 2^-126 (0.5 as a subnormal:

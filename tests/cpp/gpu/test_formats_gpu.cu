@@ -301,18 +301,20 @@ __global__ void widen_fp8_kernel(std::uint32_t* out) {
 }
 
 // Thread t widens the NVFP4 word whose eight nibbles are t, t+1, ..., t+7 (mod 16) every way.
-__global__ void widen_nvfp4_kernel(std::uint32_t* lut, std::uint32_t* shifted,
+__global__ void widen_nvfp4_kernel(std::uint32_t* lut, std::uint32_t* shifted, std::uint32_t* bytes,
                                    std::uint32_t* paired) {
   namespace cv = cuda::convert;
   std::uint32_t codes = 0;
   for (unsigned i = 0; i < 8; ++i) codes |= ((threadIdx.x + i) & 15u) << (4 * i);
-  std::uint32_t a[4], b[4];
+  std::uint32_t a[4], b[4], d[4];
   cv::e2m1x8_to_f16x2_lut(codes, a);
   cv::e2m1x8_to_f16x2_scaled_shift(codes, b);
+  cv::e2m1x8_to_f16x2_scaled_bytes(codes, d);
   const std::uint32_t c[4] = {cv::e2m1_pair_to_bf16x2<0>(codes), cv::e2m1_pair_to_bf16x2<1>(codes),
                               cv::e2m1_pair_to_bf16x2<2>(codes), cv::e2m1_pair_to_bf16x2<3>(codes)};
   for (int i = 0; i < 4; ++i) {
     lut[threadIdx.x * 4 + i] = a[i], shifted[threadIdx.x * 4 + i] = b[i];
+    bytes[threadIdx.x * 4 + i] = d[i];
     paired[threadIdx.x * 4 + i] = c[i];
   }
 }
@@ -379,11 +381,11 @@ TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
   }
   EXPECT_EQ(checked, 256 * kNumWidenings);
 
-  DeviceBuffer<std::uint32_t> lut(16 * 4), shifted(16 * 4), paired(16 * 4);
-  widen_nvfp4_kernel<<<1, 16>>>(lut.get(), shifted.get(), paired.get());
+  DeviceBuffer<std::uint32_t> lut(16 * 4), shifted(16 * 4), bytes(16 * 4), paired(16 * 4);
+  widen_nvfp4_kernel<<<1, 16>>>(lut.get(), shifted.get(), bytes.get(), paired.get());
   FLASHMSA_CHECK_LAUNCH();
   const auto lut_host = lut.to_host(), shifted_host = shifted.to_host(),
-             paired_host = paired.to_host();
+             bytes_host = bytes.to_host(), paired_host = paired.to_host();
   const int shifted_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // element in each output half
   for (unsigned t = 0; t < 16; ++t) {
     for (int h = 0; h < 8; ++h) {
@@ -397,6 +399,9 @@ TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
       ASSERT_TRUE(
           same_value(half_bits_value(shift_bits) * 16384.0f, fmt::e2m1_to_float(shift_code)))
           << "scaled shift, code " << int(shift_code);
+      const auto bytes_bits =
+          static_cast<std::uint16_t>(bytes_host[t * 4 + h / 2] >> (16 * (h % 2)));
+      ASSERT_EQ(bytes_bits, shift_bits) << "scaled bytes, code " << int(shift_code);
       // e2m1_pair_to_bf16x2<j>: codes j (low half) and j + 4 (high half), exact bf16 values.
       const auto pair_bits =
           static_cast<std::uint16_t>(paired_host[t * 4 + h / 2] >> (16 * (h % 2)));
