@@ -16,10 +16,26 @@
 
 namespace flashmsa::cuda::convert {
 
-__device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b, std::uint32_t sel) {
+// prmt.b32 (default mode); on the host its emulation, so that the logic-only routes can be
+// checked where no GPU is: result byte i is byte (sel >> 4 i) & 7 of {b, a} (a's bytes 0..3), or,
+// where bit 3 of that selector nibble is set, that byte's sign bit replicated.
+__host__ __device__ __forceinline__ std::uint32_t prmt(std::uint32_t a, std::uint32_t b,
+                                                       std::uint32_t sel) {
+#ifdef __CUDA_ARCH__
   std::uint32_t r;
   asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
   return r;
+#else
+  const std::uint64_t bytes = std::uint64_t{b} << 32 | a;
+  std::uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) {
+    const std::uint32_t nibble = sel >> (4 * i) & 15u;
+    std::uint32_t byte = static_cast<std::uint32_t>(bytes >> (8 * (nibble & 7u))) & 0xFFu;
+    if (nibble & 8u) byte = byte & 0x80u ? 0xFFu : 0u;
+    r |= byte << (8 * i);
+  }
+  return r;
+#endif
 }
 
 // Each fp8 code of a pair moved to the high byte of its 16-bit half: bytes (0, 1) or (2, 3).
@@ -144,8 +160,8 @@ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_shift(std::uint32_t codes
 // three logic ops for the high nibbles, four for the low ones) and moving bytes into the halves'
 // high bytes: 11 instructions for 8 codes against the shifts' 18. An f16 high byte holds a whole
 // code; a bf16 one does not (its exponent's low bit is in the low byte).
-__device__ __forceinline__ void e2m1x8_to_f16x2_scaled_bytes(std::uint32_t codes,
-                                                             std::uint32_t (&out)[4]) {
+__host__ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_bytes(std::uint32_t codes,
+                                                                      std::uint32_t (&out)[4]) {
   const std::uint32_t odd = (codes & 0x80808080u) | ((codes >> 3) & 0x0E0E0E0Eu);
   const std::uint32_t even = ((codes << 4) & 0x80808080u) | ((codes << 1) & 0x0E0E0E0Eu);
   out[0] = prmt(even, 0, 0x1404u);  // elements 0, 2

@@ -356,6 +356,30 @@ float bf16_bits_value(std::uint16_t b) {
   return fmt::bf16_to_float(b);
 }
 
+// The byte-building NVFP4 route uses only logic and byte permutes, which the host emulates
+// (convert::prmt): every code at every position of a word, among random neighbours, on any
+// machine. (InRegisterWideningIsExactForEveryCode checks the device's own instructions.)
+TEST(FormatsGpu, Nvfp4HighBytesRouteIsExactOnTheHost) {
+  std::mt19937 rng(7);
+  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // element in each output half
+  for (int trial = 0; trial < 64; ++trial) {
+    for (int position = 0; position < 8; ++position) {
+      for (std::uint32_t code = 0; code < 16; ++code) {
+        std::uint32_t codes = static_cast<std::uint32_t>(rng());
+        codes = (codes & ~(15u << (4 * position))) | code << (4 * position);
+        std::uint32_t out[4];
+        cuda::convert::e2m1x8_to_f16x2_scaled_bytes(codes, out);
+        for (int h = 0; h < 8; ++h) {
+          const auto bits = static_cast<std::uint16_t>(out[h / 2] >> (16 * (h % 2)));
+          const auto want = static_cast<std::uint8_t>(codes >> (4 * order[h]) & 15u);
+          ASSERT_TRUE(same_value(half_bits_value(bits) * 16384.0f, fmt::e2m1_to_float(want)))
+              << "codes 0x" << std::hex << codes << ", half " << std::dec << h;
+        }
+      }
+    }
+  }
+}
+
 TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
   FLASHMSA_REQUIRE_SM90_OR_SKIP();
   constexpr int kThreads = 64;  // 256 fp8 codes
