@@ -67,12 +67,6 @@ __device__ __forceinline__ std::uint32_t bf16x2_mul(std::uint32_t a, std::uint32
   return r;
 }
 
-__device__ __forceinline__ std::uint32_t f16x2_mul(std::uint32_t a, std::uint32_t b) {
-  std::uint32_t r;
-  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
 // ---- E4M3 ----
 
 // The hardware conversion (F2FP): codes pair 0 or 1 of the word to f16x2. The pair is taken as a
@@ -165,35 +159,15 @@ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_shift(std::uint32_t codes
 // code's f16 high byte inside its own byte (sign to bit 7, exponent and mantissa to bits 3..1:
 // three logic ops for the high nibbles, four for the low ones) and moving bytes into the halves'
 // high bytes: 11 instructions for 8 codes against the shifts' 18. An f16 high byte holds a whole
-// code; a bf16 one does not (its exponent's low bit is in the low byte). In two parts, so that a
-// caller can keep the two words of bytes instead of the four results.
-struct E2m1F16HighBytes {
-  std::uint32_t even, odd;  // byte i: element 2 i's (even) or 2 i + 1's (odd) f16 high byte
-};
-__host__ __device__ __forceinline__ E2m1F16HighBytes e2m1x8_f16_high_bytes(std::uint32_t codes) {
-  return {((codes << 4) & 0x80808080u) | ((codes << 1) & 0x0E0E0E0Eu),
-          (codes & 0x80808080u) | ((codes >> 3) & 0x0E0E0E0Eu)};
-}
-// Result i: elements (0, 2), (1, 3), (4, 6), (5, 7) for i = 0..3.
-__host__ __device__ __forceinline__ std::uint32_t e2m1_f16x2_of(const E2m1F16HighBytes& bytes,
-                                                                int i) {
-  return prmt(i % 2 == 0 ? bytes.even : bytes.odd, 0, i < 2 ? 0x1404u : 0x3424u);
-}
+// code; a bf16 one does not (its exponent's low bit is in the low byte).
 __host__ __device__ __forceinline__ void e2m1x8_to_f16x2_scaled_bytes(std::uint32_t codes,
                                                                       std::uint32_t (&out)[4]) {
-  const E2m1F16HighBytes bytes = e2m1x8_f16_high_bytes(codes);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) out[i] = e2m1_f16x2_of(bytes, i);
-}
-
-// e2m1x8_to_f16x2_scaled_bytes's values (code x 2^-14) times their E4M3 block scale x 2^7 (an
-// f16 below 2^16) are code x scale x 2^-7 exactly: every such product is a multiple of 2^-17
-// below 2^5 with at most 6 significant bits, on f16's grid. The consumer multiplies by
-// kE2m1F16Restore (the register-widened NVFP4 keys and values of the decode kernels).
-inline constexpr float kE2m1F16Restore = 128.0f;
-// Two E4M3 scale codes (the low 16 bits of `codes`) to the f16x2 of scale x 2^7 each.
-__device__ __forceinline__ std::uint32_t e4m3x2_to_f16x2_scale_up(std::uint32_t codes) {
-  return f16x2_mul(e4m3x2_to_f16x2(codes, 0), 0x58005800u);  // 2^7 in each half
+  const std::uint32_t odd = (codes & 0x80808080u) | ((codes >> 3) & 0x0E0E0E0Eu);
+  const std::uint32_t even = ((codes << 4) & 0x80808080u) | ((codes << 1) & 0x0E0E0E0Eu);
+  out[0] = prmt(even, 0, 0x1404u);  // elements 0, 2
+  out[1] = prmt(odd, 0, 0x1404u);   // 1, 3
+  out[2] = prmt(even, 0, 0x3424u);  // 4, 6
+  out[3] = prmt(odd, 0, 0x3424u);   // 5, 7
 }
 
 // Codes j and j + 4 of a word (j = 0..3: one from each 16-bit half, at the same offset) to the

@@ -1,10 +1,10 @@
 // Keys widened in registers straight into the B fragments of mma.sync m16n8k16 (bf16; f16 for
-// E4M3 / E5M2 keys against f16-scaled queries, see permute_query_tile, and always for NVFP4
-// keys), for the kernels whose warps each convert keys no other warp converts (the decode index
-// scoring, the 1-row decode attention), and fp8 and NVFP4 values into P V's (f16): no
-// shared-memory widening pass, no widening barrier. The k order inside each MMA step is permuted
-// so that a thread's codes come from one contiguous, conflict-free shared-memory read; the query
-// side is stored (or gathered) in the same order: a dot product does not depend on its order.
+// E4M3 / E5M2 keys against f16-scaled queries, see permute_query_tile), for the
+// kernels whose warps each convert keys no other warp converts (the decode index scoring, the
+// 1-row decode attention), and fp8 values into P V's (f16): no shared-memory widening pass, no
+// widening barrier. The k order inside each MMA step is permuted so that a thread's codes come
+// from one contiguous, conflict-free shared-memory read; the query side is stored (or gathered) in
+// the same order: a dot product does not depend on its order.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,20 +23,19 @@ namespace flashmsa::cuda {
 // ---- NVFP4 ----
 // Thread t of a quad (t = lane % 4) takes bytes [16 t, 16 t + 16) of its key's 64-byte code row,
 // i.e. dims 32 t .. 32 t + 31 (scale blocks 2 t and 2 t + 1), in one conflict-free 16-byte load.
-// Code word w of those four gives MMA k steps 2 w and 2 w + 1, widened to f16
-// (convert::e2m1x8_to_f16x2_scaled_bytes: code pairs (0, 2), (1, 3) for step 2 w's fragment
-// registers b0, b1 and (4, 6), (5, 7) for step 2 w + 1's), times the block scale x 2^7. So the
-// MMA's k index kappa of step s holds dim nvfp4_register_dim(s, kappa), and the query tile is
-// stored in that order.
+// Code word w of those four gives MMA k steps 2 w and 2 w + 1, its codes paired (j, j + 4) as
+// convert::e2m1_pair_to_bf16x2 widens them: step s = 2 w + h takes pairs j = 2 h (fragment
+// register b0) and 2 h + 1 (b1). So the MMA's k index kappa of step s holds dim
+// nvfp4_register_dim(s, kappa), and the query tile is stored in that order.
 __host__ __device__ constexpr int nvfp4_register_dim(int step, int kappa) {
   const int t = (kappa % 8) / 2, high = kappa >= 8 ? 1 : 0, odd = kappa % 2;
-  return 32 * t + 8 * (step / 2) + 4 * (step % 2) + high + 2 * odd;
+  return 32 * t + 8 * (step / 2) + 2 * (step % 2) + high + 4 * odd;
 }
 
 // Its inverse: the query tile column (16 step + kappa) that holds dim d.
 __host__ __device__ constexpr int nvfp4_register_column(int d) {
   const int r = d % 8;
-  const int step = 2 * (d % 32 / 8) + r / 4, kappa = 2 * (d / 32) + 8 * (r % 2) + r % 4 / 2;
+  const int step = 2 * (d % 32 / 8) + r % 4 / 2, kappa = 2 * (d / 32) + 8 * (r % 2) + r / 4;
   return 16 * step + kappa;
 }
 
@@ -47,6 +46,18 @@ constexpr bool nvfp4_register_order_is_a_permutation() {
   return true;
 }
 static_assert(nvfp4_register_order_is_a_permutation());
+
+// With kScaledDown the fragments skip e2m1_pair_to_bf16x2's restoring multiply (one of the two a
+// code pair takes): they hold code x scale x 2^-63 (convert::kE2m1ScaleUp), and the caller carries
+// the 2^63 back (the index scoring in its query vectors, the attention in its score scale).
+// Step s = 2 w + h of one key's fragment: pairs 2 h and 2 h + 1 of code word w, times the block
+// scale pair (both halves one block's scale; x 2^63 when kScaledDown).
+template <int kH, bool kScaledDown>
+__device__ __forceinline__ void nvfp4_b_fragment(std::uint32_t word, std::uint32_t scale,
+                                                 std::uint32_t& b0, std::uint32_t& b1) {
+  b0 = convert::e2m1_pair_times_scale<2 * kH, kScaledDown>(word, scale);
+  b1 = convert::e2m1_pair_times_scale<2 * kH + 1, kScaledDown>(word, scale);
+}
 
 // ---- E4M3 / E5M2 ----
 // Thread t of a quad takes bytes [32 t, 32 t + 32) of its key's 128-byte code row (two 16-byte
@@ -88,12 +99,12 @@ static_assert(register_order_is_a_permutation<KvFormat::kE4m3>());
 // 16 s + kappa then holds dim register_dim(s, kappa), so that load_a_fragment reads the permuted A
 // fragment of step s. By all 256 threads of the CTA, once (CTA barriers inside).
 //
-// With f16_restore (the f16 route of register_qk: E4M3 / E5M2 and NVFP4 keys) each row is also
-// scaled by a power of two 2^E and stored as f16; f16_restore[row] = 2^-E turns its scores back.
-// E puts the row's largest finite magnitude in [2^15, 2^16), so that every element within 2^32 of
-// it is exact in f16 (bf16's 8 significant bits stay on f16's grid down to 2^-17): the scores are
-// those of the bf16 row, and Inf / NaN elements stay what they are. Elements more than 2^32 below
-// the row's largest are rounded to f16's subnormal grid, an error under 2^-40 of that largest value
+// With f16_restore (the f16 route of register_qk, E4M3 / E5M2 keys) each row is also scaled by a
+// power of two 2^E and stored as f16; f16_restore[row] = 2^-E turns its scores back. E puts the
+// row's largest finite magnitude in [2^15, 2^16), so that every element within 2^32 of it is
+// exact in f16 (bf16's 8 significant bits stay on f16's grid down to 2^-17): the scores are those
+// of the bf16 row, and Inf / NaN elements stay what they are. Elements more than 2^32 below the
+// row's largest are rounded to f16's subnormal grid, an error under 2^-40 of that largest value
 // per element, far below the fp32 accumulation's own. E is clamped to [-112, 126] (an all-zero or
 // all-subnormal row gets 2^126), so 2^E and 2^-E are normal floats.
 template <int kThreads, KvFormat kFormat>
@@ -134,48 +145,46 @@ __device__ void permute_query_tile(std::byte* tile, float* f16_restore = nullptr
 // kPlaneKeys tokens (load_raw_plane's layout, or load_raw_rows_warp's); q(s, a) gives the kMT A
 // fragments of step s in register_dim's order (load_a_fragment of a tile stored or permuted in
 // that order). All the keys' codes are read first, then each step's A fragments serve every key
-// column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or f16
-// (E4M3 / E5M2 keys: one instruction a code pair instead of four; NVFP4 keys: always, as code x
-// scale x 2^-7, the caller carrying the 2^7 back; the queries must then be f16).
+// column: each key is widened once for all row tiles. MmaElem is the MMA's type: bf16, or for
+// E4M3 / E5M2 keys f16 (one instruction a code pair instead of four; the queries must then be f16).
+// kNvfp4ScaledDown: NVFP4 keys as code x scale x 2^-63 (nvfp4_b_fragment; the caller carries
+// the 2^63 back).
 template <KvFormat kFormat, int kMT, int kNT, int kPlaneKeys = 128, class MmaElem = __nv_bfloat16,
-          class QFragments>
+          bool kNvfp4ScaledDown = false, class QFragments>
 __device__ __forceinline__ void register_qk(float (&acc)[kMT][kNT][4], QFragments&& q,
                                             const std::byte* plane, int key0, int lane) {
   if constexpr (kFormat == KvFormat::kNvfp4) {
-    static_assert(std::is_same_v<MmaElem, __half>, "NVFP4 keys widen to f16 (f16 queries)");
     uint4 codes[kNT];
-    std::uint32_t scales[kNT];  // the thread's two blocks' scales x 2^7 of each key, f16
+    std::uint32_t scales[kNT];  // the thread's two blocks' scales of each key, as a bf16 pair
 #pragma unroll
     for (int nt = 0; nt < kNT; ++nt) {
       const int key = key0 + nt * 8 + lane / 4;
       codes[nt] = *reinterpret_cast<const uint4*>(plane + key * 64 + (lane % 4) * 16);
       const std::uint32_t pair = *reinterpret_cast<const std::uint16_t*>(plane + kPlaneKeys * 64 +
                                                                          key * 8 + (lane % 4) * 2);
-      scales[nt] = convert::e4m3x2_to_f16x2_scale_up(pair);
+      scales[nt] = convert::e4m3x2_to_bf16x2_cvt(pair, 0);
+      if constexpr (kNvfp4ScaledDown) {
+        scales[nt] = convert::bf16x2_mul(scales[nt], convert::kE2m1ScaleUp);
+      }
     }
 #pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      // Code word w gives steps 2 w (elements (0, 2), (1, 3) as b0, b1) and 2 w + 1 ((4, 6),
-      // (5, 7)); words 0, 1 take the first block's scale, 2, 3 the second's, in both halves.
-      convert::E2m1F16HighBytes bytes[kNT];
+    for (int s = 0; s < 8; ++s) {
+      std::uint32_t a[kMT][4];
+      q(s, a);
 #pragma unroll
-      for (int nt = 0; nt < kNT; ++nt)
-        bytes[nt] = convert::e2m1x8_f16_high_bytes((&codes[nt].x)[w]);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        std::uint32_t a[kMT][4];
-        q(2 * w + h, a);
-#pragma unroll
-        for (int nt = 0; nt < kNT; ++nt) {
-          const std::uint32_t scale = w < 2 ? convert::broadcast_half<0>(scales[nt])
-                                            : convert::broadcast_half<1>(scales[nt]);
-          const std::uint32_t b0 =
-              convert::f16x2_mul(convert::e2m1_f16x2_of(bytes[nt], 2 * h), scale);
-          const std::uint32_t b1 =
-              convert::f16x2_mul(convert::e2m1_f16x2_of(bytes[nt], 2 * h + 1), scale);
-#pragma unroll
-          for (int mt = 0; mt < kMT; ++mt) mma_fp16_16816(acc[mt][nt], a[mt], b0, b1);
+      for (int nt = 0; nt < kNT; ++nt) {
+        const std::uint32_t word = (&codes[nt].x)[s / 2];
+        std::uint32_t b0, b1;
+        // Steps 0..3 take the first block's scale, 4..7 the second's, in both halves.
+        const std::uint32_t scale =
+            s < 4 ? convert::broadcast_half<0>(scales[nt]) : convert::broadcast_half<1>(scales[nt]);
+        if (s % 2 == 0) {
+          nvfp4_b_fragment<0, kNvfp4ScaledDown>(word, scale, b0, b1);
+        } else {
+          nvfp4_b_fragment<1, kNvfp4ScaledDown>(word, scale, b0, b1);
         }
+#pragma unroll
+        for (int mt = 0; mt < kMT; ++mt) mma_bf16_16816(acc[mt][nt], a[mt], b0, b1);
       }
     }
   } else {
@@ -267,24 +276,24 @@ __device__ __forceinline__ void register_pv(float (&o)[16][4], const std::uint32
   }
 }
 
-// ---- NVFP4 values straight into P V's B fragments (f16) ----
+// ---- NVFP4 values straight into P V's B fragments (bf16) ----
 // N-tile j, column g holds dim nvfp4_pv_dim(j, g) = 16 g + j (O is put back in the epilogue).
 // Thread (g, t) then reads the 8 bytes of dims 16 g .. 16 g + 15 (one scale block) of each of its
 // key rows 2 t, 2 t + 1, 2 t + 8, 2 t + 9 of the raw V plane (load_raw_rows_warp's NVFP4 layout:
-// kPlaneKeys 64-byte code rows, then their 8-byte scale rows). A byte permute interleaves two
-// keys' code bytes of four dims in one word, which convert::e2m1x8_to_f16x2_scaled_bytes widens
-// into the B registers of four n-tiles (each half one key's code of one dim), times the two keys'
-// scales x 2^7: code x scale x 2^-7 (convert::kE2m1F16Restore). No shared-memory widening pass,
-// no ldmatrix.
+// kPlaneKeys 64-byte code rows, then their 8-byte scale rows). A byte permute puts two keys' codes
+// of four dims in one word, its codes j and j + 4 being one dim of the two keys, which
+// e2m1_pair_times_scale widens at once into the B register of one n-tile: no shared-memory
+// widening pass, no ldmatrix. The values are those widen_planes gives (code x scale, x 2^-63 when
+// kScaledDown), so O is the same, bit for bit.
 __host__ __device__ constexpr int nvfp4_pv_dim(int ntile, int column) {
   return 16 * column + ntile;
 }
 
 static_assert(pv_order_is_a_permutation(nvfp4_pv_dim));
 
-// O += P V for the 16 keys from key0 of a raw NVFP4 V plane, P the f16 A fragment, O in
-// nvfp4_pv_dim's order and x 2^-7; keep_lo / keep_hi as in pv_step.
-template <int kPlaneKeys>
+// O += P V for the 16 keys from key0 of a raw NVFP4 V plane, P the bf16 A fragment, O in
+// nvfp4_pv_dim's order; keep_lo / keep_hi as in pv_step.
+template <int kPlaneKeys, bool kScaledDown>
 __device__ __forceinline__ void register_pv_nvfp4(float (&o)[16][4], const std::uint32_t (&p)[4],
                                                   const std::byte* plane, int key0,
                                                   std::uint32_t keep_lo, std::uint32_t keep_hi,
@@ -293,30 +302,35 @@ __device__ __forceinline__ void register_pv_nvfp4(float (&o)[16][4], const std::
   const auto codes = [&](int key) {  // dims 16 g .. 16 g + 15 of one key
     return *reinterpret_cast<const uint2*>(plane + key * 64 + g * 8);
   };
-  const auto scale_pair = [&](int key) {  // block g's scales x 2^7 of keys `key`, `key` + 1
+  const auto scale_pair = [&](int key) {  // block g's scales of keys `key`, `key` + 1, as bf16
     const auto* s = reinterpret_cast<const std::uint8_t*>(plane + kPlaneKeys * 64 + key * 8 + g);
-    return convert::e4m3x2_to_f16x2_scale_up(static_cast<std::uint32_t>(s[0] | s[8] << 8));
+    const std::uint32_t both =
+        convert::e4m3x2_to_bf16x2_cvt(static_cast<std::uint32_t>(s[0] | s[8] << 8), 0);
+    return kScaledDown ? convert::bf16x2_mul(both, convert::kE2m1ScaleUp) : both;
   };
   const int lo_key = key0 + 2 * t, hi_key = lo_key + 8;
   const uint2 a = codes(lo_key), b = codes(lo_key + 1), c = codes(hi_key), d = codes(hi_key + 1);
   const std::uint32_t lo_scale = scale_pair(lo_key), hi_scale = scale_pair(hi_key);
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-    // Dims 4 q .. 4 q + 3 of the block (n-tiles 4 q .. 4 q + 3): bytes 0, 1 (q even) or 2, 3 of
-    // code word q / 2 of the two keys, interleaved (first key, second key, first, second).
-    const std::uint32_t sel = q % 2 == 0 ? 0x5140u : 0x7362u;
-    std::uint32_t lo[4], hi[4];
-    convert::e2m1x8_to_f16x2_scaled_bytes(convert::prmt(q < 2 ? a.x : a.y, q < 2 ? b.x : b.y, sel),
-                                          lo);
-    convert::e2m1x8_to_f16x2_scaled_bytes(convert::prmt(q < 2 ? c.x : c.y, q < 2 ? d.x : d.y, sel),
-                                          hi);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const std::uint32_t b0 = convert::f16x2_mul(lo[j], lo_scale);
-      const std::uint32_t b1 = convert::f16x2_mul(hi[j], hi_scale);
-      mma_fp16_16816(o[4 * q + j], p, b0 & keep_lo, b1 & keep_hi);
-    }
-  }
+  // Dims 4 q .. 4 q + 3 of the block (n-tiles 4 q .. 4 q + 3): bytes 0, 1 (q even) or 2, 3 of
+  // code word q / 2 of the two keys, the first key's in the low half.
+  const auto quad = [&]<int kQ>() {
+    constexpr std::uint32_t sel = kQ % 2 == 0 ? 0x5410u : 0x7632u;
+    const std::uint32_t lo = convert::prmt(kQ < 2 ? a.x : a.y, kQ < 2 ? b.x : b.y, sel);
+    const std::uint32_t hi = convert::prmt(kQ < 2 ? c.x : c.y, kQ < 2 ? d.x : d.y, sel);
+    const auto step = [&]<int kJ>() {
+      const std::uint32_t b0 = convert::e2m1_pair_times_scale<kJ, kScaledDown>(lo, lo_scale);
+      const std::uint32_t b1 = convert::e2m1_pair_times_scale<kJ, kScaledDown>(hi, hi_scale);
+      mma_bf16_16816(o[4 * kQ + kJ], p, b0 & keep_lo, b1 & keep_hi);
+    };
+    step.template operator()<0>();
+    step.template operator()<1>();
+    step.template operator()<2>();
+    step.template operator()<3>();
+  };
+  quad.template operator()<0>();
+  quad.template operator()<1>();
+  quad.template operator()<2>();
+  quad.template operator()<3>();
 }
 
 }  // namespace flashmsa::cuda

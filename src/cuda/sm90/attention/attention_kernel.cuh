@@ -57,8 +57,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   // through a ring of its own (no other warp needs them: no CTA barrier a page) and converts their
   // K codes in registers (register_keys.cuh), and their V codes straight into P V's B fragments:
   // E4M3 / E5M2 ones into f16 ones (register_pv; P is rounded to f16 for P V, O kept in
-  // register_pv_dim's order), and so are their K codes, against f16 queries; NVFP4 ones into f16
-  // ones too (register_pv_nvfp4, O kept in nvfp4_pv_dim's order; their K codes likewise).
+  // register_pv_dim's order), and so are their K codes, against f16 queries; NVFP4 ones into bf16
+  // ones (register_pv_nvfp4, O kept in nvfp4_pv_dim's order).
   constexpr bool kWarpRings = attention_warp_rings<Traits, kFormat, Elem>();
   constexpr bool kRegisterV =
       kWarpRings && (kFormat == KvFormat::kE4m3 || kFormat == KvFormat::kE5m2);
@@ -73,19 +73,15 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
                                                    attention_query_and_union_bytes<Traits>() >=
                                                kAttentionSelectSmem),
                 "a selecting tile holds one row, and its stages its selection");
-  // NVFP4 K and V into bf16 tiles as code x scale x 2^-63 (one multiply a code pair fewer;
-  // convert::kE2m1ScaleUp), into f16 fragments as code x scale x 2^-7 (register_keys.cuh); the
-  // score scale and the output scale carry the power back. With 2^-63 only products whose
-  // unscaled value is below 2^-63 lose bits (fp32 subnormals): far under the fp32 sums' own
-  // rounding, within the spec's error rule.
+  // NVFP4 K and V into bf16 tiles or fragments as code x scale x 2^-63 (one multiply a code pair
+  // fewer; convert::kE2m1ScaleUp); the score scale and the output scale carry the 2^63 back. Only
+  // products whose unscaled value is below 2^-63 lose bits (fp32 subnormals): far under the fp32
+  // sums' own rounding, within the spec's error rule.
   constexpr bool kNvfp4ScaledDown =
-      kFormat == KvFormat::kNvfp4 && std::is_same_v<Elem, __nv_bfloat16> && !kWarpRings;
-  constexpr float kRestore = kNvfp4ScaledDown  ? convert::kE2m1ScaledDownRestore
-                             : kRegisterNvfp4V ? convert::kE2m1F16Restore
-                                               : 1.0f;
-  constexpr bool kF16Registers = kRegisterV || kRegisterNvfp4V;    // Q K^T and P V on f16 MMAs
-  using PvElem = std::conditional_t<kF16Registers, __half, Elem>;  // P's type in P V
-  using QkElem = std::conditional_t<kF16Registers, __half, Elem>;  // Q's (and K's) in Q K^T
+      kFormat == KvFormat::kNvfp4 && std::is_same_v<Elem, __nv_bfloat16>;
+  constexpr float kRestore = kNvfp4ScaledDown ? convert::kE2m1ScaledDownRestore : 1.0f;
+  using PvElem = std::conditional_t<kRegisterV, __half, Elem>;  // P's type in P V
+  using QkElem = std::conditional_t<kRegisterV, __half, Elem>;  // Q's (and K's) in Q K^T
   constexpr int kStageBytes =
       kWarpRings ? attention_warp_stage_bytes<Traits, kFormat>() : kv_raw_page_bytes<kFormat>();
   constexpr int kStages = kWarpRings ? attention_warp_ring_stages<Traits, kFormat>()
@@ -243,20 +239,18 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
   __syncthreads();
 
   const std::int64_t my_pos = warp_row < tile.rows ? tile.position(warp_row) : -1;
-  // kWarpRings: the queries' dims in the k order of the keys' register fragments; kF16Registers:
-  // as f16 scaled by a power of two a head, for QK^T on f16 MMAs (fp8 keys: one conversion a code
-  // pair instead of four; NVFP4 keys: f16 high bytes built in place), each head's scores
-  // multiplied back by its 2^-E with the softmax scale.
+  // kWarpRings: the queries' dims in the k order of the keys' register fragments; kRegisterV: as
+  // f16 scaled by a power of two a head, for QK^T on f16 MMAs (one conversion a K code pair
+  // instead of four), each head's scores multiplied back by its 2^-E with the softmax scale.
   __shared__ float q_restore[16];
   if constexpr (kWarpRings && kWiden)
-    permute_query_tile<Traits::kThreads, kFormat>(q_tile, kF16Registers ? q_restore : nullptr);
+    permute_query_tile<Traits::kThreads, kFormat>(q_tile, kRegisterV ? q_restore : nullptr);
   float score_scale[2];  // the rows lane / 4 and lane / 4 + 8 (finite: 0 x scale stays 0)
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    score_scale[half] =
-        kF16Registers
-            ? fminf(p.score_scale_log2 * kRestore * q_restore[lane / 4 + 8 * half], FLT_MAX)
-            : fminf(p.score_scale_log2 * kRestore, FLT_MAX);
+    score_scale[half] = kRegisterV
+                            ? fminf(p.score_scale_log2 * q_restore[lane / 4 + 8 * half], FLT_MAX)
+                            : fminf(p.score_scale_log2 * kRestore, FLT_MAX);
   }
   // The row's queries as A fragments, one per 16 dims; kWarpRings reads them from shared memory
   // at each use instead (32 registers fewer: two CTAs fit on an SM).
@@ -341,8 +335,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         const auto q = [&](int step, std::uint32_t(&a)[1][4]) {
           load_a_fragment(a[0], q_tile, 0, step, lane);
         };
-        register_qk<kFormat, 1, kNT, Traits::kWarpKeys, QkElem>(scores, q, k_raw, key0 - raw_key0,
-                                                                lane);
+        register_qk<kFormat, 1, kNT, Traits::kWarpKeys, QkElem, kNvfp4ScaledDown>(
+            scores, q, k_raw, key0 - raw_key0, lane);
       } else {
 #pragma unroll
         for (int ks = 0; ks < 8; ++ks) {
@@ -413,8 +407,8 @@ __global__ void __launch_bounds__(Traits::kThreads, attention_ctas_per_sm<Traits
         if constexpr (kRegisterV) {
           register_pv<kFormat>(o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         } else if constexpr (kRegisterNvfp4V) {
-          register_pv_nvfp4<Traits::kWarpKeys>(o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo,
-                                               keep_hi, lane);
+          register_pv_nvfp4<Traits::kWarpKeys, kNvfp4ScaledDown>(
+              o, a, v_raw, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         } else {
           pv_step<Elem>(o, a, v_tile, key0 - raw_key0 + 16 * kk, keep_lo, keep_hi, lane);
         }

@@ -161,25 +161,25 @@ __global__ void __launch_bounds__(Traits::kThreads)
         }
       }
       if constexpr (kRegisterCodes) {
-        // The vector x 2^E as f16 (index_score_widens_in_registers), each dim at the k position
+        // The vector x 2^(E + 63) (index_score_widens_in_registers), each dim at the k position
         // the register-widened keys hold it at. A vector's chunks are 16 consecutive lanes.
         static_assert(kRowChunks == 16 && Traits::kVectors * kRowChunks % Traits::kThreads == 0);
         const auto* dims = reinterpret_cast<const std::uint16_t*>(&value);
         const std::uint32_t largest = largest_finite_magnitude_16_lanes(value);
-        // E in [-112, 126] puts the largest finite magnitude in [2^15, 2^16) (permute_query_tile
-        // does the same and says what it keeps exact); 2^E and 2^-E x 2^7 are normal floats.
-        const int power = min(126, 142 - static_cast<int>(largest >> 23));
+        // E in [-126, 126]: 2^E and 2^-E are normal floats. x 2^E x 2^63 is exact but for
+        // elements more than 2^141 below the largest (x 2^E rounds on fp32's subnormal grid).
+        const int power = max(-126, min(126, 127 - static_cast<int>(largest >> 23)));
         const float up = __uint_as_float(static_cast<std::uint32_t>(power + 127) << 23);
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const float x = __uint_as_float(std::uint32_t{dims[e]} << 16) * up;
+          const float x = __uint_as_float(std::uint32_t{dims[e]} << 16) * up * 0x1p63f;
           const int column = nvfp4_register_column(chunk * 8 + e);
           reinterpret_cast<std::uint16_t*>(q_tile +
                                            swizzled_chunk(v, column / 8) * 16)[column % 8] =
-              __half_as_ushort(__float2half_rn(x));
+              __bfloat16_as_ushort(__float2bfloat16_rn(x));
         }
-        if (chunk == 0) {  // 2^-E, and the keys' 2^7 (convert::kE2m1F16Restore)
-          vector_restore[v] = __uint_as_float(static_cast<std::uint32_t>(134 - power) << 23);
+        if (chunk == 0) {
+          vector_restore[v] = __uint_as_float(static_cast<std::uint32_t>(127 - power) << 23);
         }
       } else {
         reinterpret_cast<uint4*>(q_tile)[swizzled_chunk(v, chunk)] = value;
@@ -193,9 +193,9 @@ __global__ void __launch_bounds__(Traits::kThreads)
   if constexpr (kWarpRings) __syncthreads();
   // The warp's query fragments of all 8 k steps (16 dims each) stay in registers for every page
   // where the tile has registers to spare (32 with kMTiles 1): kF16Route's f16 ones (4 CTAs an
-  // SM), and the NVFP4 register codes' f16 ones on warp rings. No fragment loads a page.
+  // SM), and the NVFP4 register codes' bf16 ones on warp rings. No fragment loads a page.
   constexpr bool kQueryInRegisters = kF16Route || (kRegisterCodes && kWarpRings);
-  using QueryFragment = std::conditional_t<kF16Route || kRegisterCodes, __half, __nv_bfloat16>;
+  using QueryFragment = std::conditional_t<kF16Route, __half, __nv_bfloat16>;
   std::uint32_t q_steps[kQueryInRegisters ? 8 : 1][Traits::kMTiles][4];
   if constexpr (kQueryInRegisters) {
 #pragma unroll
@@ -280,13 +280,12 @@ __global__ void __launch_bounds__(Traits::kThreads)
 #pragma unroll
               for (int r = 0; r < 4; ++r) a[mt][r] = q_steps[step][mt][r];
             } else {
-              load_a_fragment<__half>(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, step,
-                                      lane);
+              load_a_fragment(a[mt], q_tile, warp_m * Traits::kWarpRows + mt * 16, step, lane);
             }
           }
         };
-        register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys, __half>(acc, q, k_tile,
-                                                                                   key0, lane);
+        register_qk<kFormat, Traits::kMTiles, Traits::kNTiles, kStageKeys, __nv_bfloat16, true>(
+            acc, q, k_tile, key0, lane);
       } else if constexpr (kF16Route) {
         float halves[2][Traits::kMTiles][Traits::kNTiles][4] = {};
 #pragma unroll

@@ -32,11 +32,11 @@ constexpr bool index_score_uses_fp8_mma() {
 }
 
 // NVFP4 keys against bf16 queries on the decode tiles (one row of warps, each warp its own keys):
-// every warp widens its keys' codes in registers straight into f16 MMA fragments, the block scale
-// multiplied in (register_qk: code x scale x 2^-7, exact; each query vector is stored as f16 x 2^E
-// with E a power that puts its largest finite magnitude in [2^15, 2^16), and its block maxima are
-// multiplied back by 2^-E x 2^7). The 256-vector tile's four warp rows would each widen the same
-// keys: it keeps the shared-memory pass.
+// every warp widens its keys' codes in registers straight into MMA fragments, the block scale
+// multiplied in (register_qk's kNvfp4ScaledDown: code x scale x 2^-63, exact; each query
+// vector is stored x 2^(E + 63) with E a power that puts its largest finite magnitude in [1, 2),
+// and its block maxima are multiplied back by 2^-E). The 256-vector tile's four warp rows would
+// each widen the same keys: it keeps the shared-memory pass.
 template <class Traits, KvFormat kFormat, bool kQueryFp8>
 constexpr bool index_score_widens_in_registers() {
   return kFormat == KvFormat::kNvfp4 && !kQueryFp8 && Traits::kWarpsM == 1;
