@@ -356,12 +356,14 @@ float bf16_bits_value(std::uint16_t b) {
   return fmt::bf16_to_float(b);
 }
 
+// The element in each output half of e2m1x8_to_f16x2_scaled_shift and _scaled_bytes.
+constexpr int kScaledF16Order[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+
 // The byte-building NVFP4 route uses only logic and byte permutes, which the host emulates
 // (convert::prmt): every code at every position of a word, among random neighbours, on any
 // machine. (InRegisterWideningIsExactForEveryCode checks the device's own instructions.)
 TEST(FormatsGpu, Nvfp4HighBytesRouteIsExactOnTheHost) {
   std::mt19937 rng(7);
-  const int order[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // element in each output half
   for (int trial = 0; trial < 64; ++trial) {
     for (int position = 0; position < 8; ++position) {
       for (std::uint32_t code = 0; code < 16; ++code) {
@@ -371,7 +373,7 @@ TEST(FormatsGpu, Nvfp4HighBytesRouteIsExactOnTheHost) {
         cuda::convert::e2m1x8_to_f16x2_scaled_bytes(codes, out);
         for (int h = 0; h < 8; ++h) {
           const auto bits = static_cast<std::uint16_t>(out[h / 2] >> (16 * (h % 2)));
-          const auto want = static_cast<std::uint8_t>(codes >> (4 * order[h]) & 15u);
+          const auto want = static_cast<std::uint8_t>(codes >> (4 * kScaledF16Order[h]) & 15u);
           ASSERT_TRUE(same_value(half_bits_value(bits) * 16384.0f, fmt::e2m1_to_float(want)))
               << "codes 0x" << std::hex << codes << ", half " << std::dec << h;
         }
@@ -410,7 +412,6 @@ TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
   FLASHMSA_CHECK_LAUNCH();
   const auto lut_host = lut.to_host(), shifted_host = shifted.to_host(),
              bytes_host = bytes.to_host(), paired_host = paired.to_host();
-  const int shifted_order[8] = {0, 2, 1, 3, 4, 6, 5, 7};  // element in each output half
   for (unsigned t = 0; t < 16; ++t) {
     for (int h = 0; h < 8; ++h) {
       const auto lut_bits = static_cast<std::uint16_t>(lut_host[t * 4 + h / 2] >> (16 * (h % 2)));
@@ -419,7 +420,7 @@ TEST(FormatsGpu, InRegisterWideningIsExactForEveryCode) {
           << "lut, code " << int(code);
       const auto shift_bits =
           static_cast<std::uint16_t>(shifted_host[t * 4 + h / 2] >> (16 * (h % 2)));
-      const auto shift_code = static_cast<std::uint8_t>((t + shifted_order[h]) & 15);
+      const auto shift_code = static_cast<std::uint8_t>((t + kScaledF16Order[h]) & 15);
       ASSERT_TRUE(
           same_value(half_bits_value(shift_bits) * 16384.0f, fmt::e2m1_to_float(shift_code)))
           << "scaled shift, code " << int(shift_code);
