@@ -1052,16 +1052,12 @@ __global__ void __launch_bounds__(384, 1)
     auto finish = [&](float(&acc)[64], int g) {
       // The page's softmax (log2 units, the scale folded into the exponent's FFMA); each row's
       // max and sum as the prefill attention reduces them (reduce_rows), then over the quad.
-      float t[2][16], row_max[2], row_sum[2];
+      float t[2], row_max[2], row_sum[2];
+      prefill_attention::reduce_rows(
+          acc, [](float a, float b) { return fmaxf(a, b); }, t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) t[h][j] = fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-      prefill_attention::reduce_rows(t, [](float a, float b) { return fmaxf(a, b); });
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float mx = t[h][0];
+        float mx = t[h];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         row_max[h] = mx * scale;
@@ -1072,15 +1068,11 @@ __global__ void __launch_bounds__(384, 1)
         for (int i = 0; i < 4; ++i)
           acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -row_max[i / 2]));
       }
+      prefill_attention::reduce_rows(
+          acc, [](float a, float b) { return a + b; }, t);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int j = 0; j < 16; ++j) t[h][j] = acc[4 * j + 2 * h] + acc[4 * j + 2 * h + 1];
-      }
-      prefill_attention::reduce_rows(t, [](float a, float b) { return a + b; });
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float l = t[h][0];
+        float l = t[h];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
         row_sum[h] = l;

@@ -107,10 +107,17 @@ struct NonFinite {
   }
 };
 
-// t[h][0] = op over t[h][0 .. 15] for both rows h, as trees of depth 4 side by side (a chain
-// would be 15 dependent instructions).
+// row[h] = op over the thread's 32 values of accumulator row h (acc[4 j + 2 h + x]), for both rows
+// h, as trees of depth 5 side by side (a chain would be 31 dependent instructions); the quad's
+// four threads still hold partial results.
 template <class Op>
-__device__ __forceinline__ void reduce_rows(float (&t)[2][16], Op op) {
+__device__ __forceinline__ void reduce_rows(const float (&acc)[64], Op op, float (&row)[2]) {
+  float t[2][16];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) t[h][j] = op(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j)
     t[0][j] = op(t[0][j], t[0][j + 8]), t[1][j] = op(t[1][j], t[1][j + 8]);
@@ -120,7 +127,7 @@ __device__ __forceinline__ void reduce_rows(float (&t)[2][16], Op op) {
 #pragma unroll
   for (int j = 0; j < 2; ++j)
     t[0][j] = op(t[0][j], t[0][j + 2]), t[1][j] = op(t[1][j], t[1][j + 2]);
-  t[0][0] = op(t[0][0], t[0][1]), t[1][0] = op(t[1][0], t[1][1]);
+  row[0] = op(t[0][0], t[0][1]), row[1] = op(t[1][0], t[1][1]);
 }
 
 }  // namespace prefill_attention
@@ -387,20 +394,16 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
             }
           }
         }
-        // Row h's values are acc[4 j + 2 h + x]. Maxima and sums as trees (depth 5, not a
-        // chain of 32), both rows side by side: the softmax is latency-bound, not issue-bound.
-        float t[2][16];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int j = 0; j < 16; ++j) t[h][j] = fmaxf(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-        prefill_attention::reduce_rows(t, [](float a, float b) { return fmaxf(a, b); });
+        // Maxima and sums as trees (reduce_rows), both rows side by side: the softmax is
+        // latency-bound, not issue-bound.
+        float t[2];
+        prefill_attention::reduce_rows(
+            acc, [](float a, float b) { return fmaxf(a, b); }, t);
         // Max over the raw scores, the scale folded into the exponent's FFMA (scale > 0).
         float alpha[2], ref[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          float mx = t[h][0];
+          float mx = t[h];
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float new_max = fmaxf(row_max[h], mx * scale);
@@ -414,17 +417,13 @@ __global__ void __launch_bounds__(PrefillAttentionTraits::kThreads, 1)
           for (int i = 0; i < 4; ++i)
             acc[4 * j + i] = fast_exp2(fmaf(acc[4 * j + i], scale, -ref[i / 2]));
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-          for (int j = 0; j < 16; ++j) t[h][j] = acc[4 * j + 2 * h] + acc[4 * j + 2 * h + 1];
-        }
-        prefill_attention::reduce_rows(t, [](float a, float b) { return a + b; });
+        prefill_attention::reduce_rows(
+            acc, [](float a, float b) { return a + b; }, t);
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           // A score whose scaled value overflows gives +inf as the max, and exp2(s scale - inf)
           // would be 0 for it: the row is NaN, as inf - inf made it before the fold.
-          const float sum = ref[h] == INFINITY ? __int_as_float(0x7fc00000) : t[h][0];
+          const float sum = ref[h] == INFINITY ? __int_as_float(0x7fc00000) : t[h];
           row_sum[h] = row_sum[h] * alpha[h] + sum;
         }
         // O rescaled on every page: no vote waits for alpha, so the multiplies fill the
